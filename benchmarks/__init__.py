@@ -1,0 +1,1 @@
+"""Benchmarks for pg-advisory-exporter; each module runs as `python -m benchmarks.<name>`."""

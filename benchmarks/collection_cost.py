@@ -1,0 +1,482 @@
+"""What one collection costs on a server holding many advisory locks.
+
+Run as `python -m benchmarks.collection_cost [--locks 100000] [--backends 100] [--repeat 15]
+[--pg-version 15] [--json PATH]`. It starts a throwaway PostgreSQL, has `--backends` real
+connections hold `--locks` session-level advisory locks between them, and then measures:
+
+- the client-side wall time of the exporter's collection statement (`COLLECT_SQL`) against
+  the cheapest possible read of the same data, `SELECT count(*) FROM pg_locks`, and their
+  ratio: reading pg_locks dominates both, so the ratio is what the collection adds;
+- the peak memory (VmHWM) of the real exporter process after `--repeat` scrapes, each of
+  which runs a real collection, and the collection time the exporter itself reports.
+
+Progress goes to stderr, results to stdout (and to `--json PATH`). The exit status is 0
+whether or not the aims are met: a benchmark reports, it does not judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from exporter.capacity import lock_table_capacity
+from exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
+from exporter.snapshot import COLLECT_SQL, read_snapshot
+
+Connection = psycopg.Connection[TupleRow]
+
+# -- what is measured -----------------------------------------------------------------------
+
+# One statement per backend takes all of that backend's locks, on a contiguous key range.
+TAKE_LOCKS_SQL = "SELECT count(pg_advisory_lock(k)) FROM generate_series(%s::bigint, %s) AS k"
+COUNT_ADVISORY_SQL = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+# The floor: pg_locks must be materialised in full (every lock partition copied under its
+# lock) for any read of it, so no collection can be cheaper than counting its rows.
+BASELINE_SQL = "SELECT count(*) FROM pg_locks"
+BASELINE_LABEL = "baseline  SELECT count(*) FROM pg_locks"
+COLLECTION_LABEL = "collection (exporter's statement)"
+
+# -- how ------------------------------------------------------------------------------------
+
+WARMUP_ROUNDS = 2
+APPLICATION_NAMES = 10  # backends are spread over bench-0 .. bench-9
+FIRST_KEY = 1
+# Lock table headroom over --locks; at least 1.5x is asked for, and the server also needs
+# entries for the relation locks its own statements take beyond the fast-path slots.
+LOCK_TABLE_HEADROOM = 2.0
+# Connections beyond --backends: the timing connection, the exporter's, and spare.
+EXTRA_CONNECTIONS = 10
+# Server processes that take lock table slots besides max_connections, at their defaults,
+# on PostgreSQL 14 to 16 (17 and 18 reserve slightly more, so this errs on the safe side):
+# autovacuum_max_workers + the autovacuum launcher + max_worker_processes + max_wal_senders
+# + max_prepared_transactions.
+OTHER_LOCK_SLOTS = 3 + 1 + 8 + 10 + 0
+DEFAULT_MAX_LOCKS_PER_TRANSACTION = 64
+
+EXPORTER_START_TIMEOUT = 60.0  # seconds until /metrics must report the target up
+SCRAPE_TIMEOUT = 60.0
+EXPORTER_STOP_TIMEOUT = 15.0
+EXPORTER_MIN_INTERVAL = "0.001"  # every scrape runs a real collection
+
+UP_METRIC = "pg_advisory_up"
+COLLECT_DURATION_METRIC = "pg_advisory_exporter_collect_duration_seconds"
+TARGET_LABELS = 'target="default"'
+
+# -- the aims -------------------------------------------------------------------------------
+
+RATIO_AIM = 1.3  # median(collection) / median(baseline) at most this
+MEMORY_AIM_MB = 80.0  # exporter VmHWM below this
+
+
+def progress(message: str) -> None:
+    print(f"[collection_cost] {message}", file=sys.stderr, flush=True)
+
+
+# -- the server -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """Server settings chosen so that the locks fit the lock table with headroom."""
+
+    max_connections: int
+    max_locks_per_transaction: int
+    planned_capacity: int  # by the PostgreSQL 14-16 formula
+
+
+def plan_server(locks: int, backends: int) -> ServerPlan:
+    max_connections = backends + EXTRA_CONNECTIONS
+    slots = max_connections + OTHER_LOCK_SLOTS
+    per_slot = math.ceil(locks * LOCK_TABLE_HEADROOM / slots)
+    max_locks = max(DEFAULT_MAX_LOCKS_PER_TRANSACTION, per_slot)
+    return ServerPlan(max_connections, max_locks, max_locks * slots)
+
+
+def key_ranges(locks: int, backends: int) -> list[tuple[int, int]]:
+    """Inclusive, disjoint key ranges, one per backend, whose sizes differ by at most one."""
+    base, extra = divmod(locks, backends)
+    ranges = []
+    start = FIRST_KEY
+    for i in range(backends):
+        size = base + (1 if i < extra else 0)
+        ranges.append((start, start + size - 1))
+        start += size
+    return ranges
+
+
+def hold_locks(
+    pg: EmbeddedPostgres, locks: int, backends: int, stack: contextlib.ExitStack
+) -> None:
+    """Open the backends and have each take its share of the locks; they hold them until
+    the stack closes."""
+    for i, (first, last) in enumerate(key_ranges(locks, backends)):
+        conn = psycopg.connect(
+            pg.dsn(), autocommit=True, application_name=f"bench-{i % APPLICATION_NAMES}"
+        )
+        stack.enter_context(conn)
+        row = conn.execute(TAKE_LOCKS_SQL, (first, last)).fetchone()
+        assert row is not None
+        if row[0] != last - first + 1:
+            raise RuntimeError(f"backend {i} took {row[0]} locks, not {last - first + 1}")
+        if (i + 1) % max(1, backends // 5) == 0 or i + 1 == backends:
+            progress(f"  {i + 1}/{backends} backends hold their locks")
+
+
+def scalar(conn: Connection, sql: str) -> Any:
+    row = conn.execute(sql).fetchone()
+    assert row is not None
+    return row[0]
+
+
+# -- the statement timings ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Client-side wall times in milliseconds, pair i of both lists run back to back."""
+
+    baseline_ms: list[float]
+    collection_ms: list[float]
+    collection_rows: int
+
+    @property
+    def baseline_median_ms(self) -> float:
+        return statistics.median(self.baseline_ms)
+
+    @property
+    def collection_median_ms(self) -> float:
+        return statistics.median(self.collection_ms)
+
+    @property
+    def ratio(self) -> float:
+        return self.collection_median_ms / self.baseline_median_ms
+
+    @property
+    def paired_ratio_median(self) -> float:
+        """Median of each pair's ratio: the least sensitive to drifting machine load."""
+        pairs = zip(self.baseline_ms, self.collection_ms, strict=True)
+        return statistics.median([c / b for b, c in pairs])
+
+
+def _timed(run: Callable[[], int]) -> tuple[float, int]:
+    started = time.perf_counter()
+    rows = run()
+    return (time.perf_counter() - started) * 1000.0, rows
+
+
+def time_statements(conn: Connection, repeat: int) -> Timings:
+    """Time the baseline and the collection, interleaved, `repeat` times each."""
+    cur = conn.cursor()
+
+    def baseline() -> int:
+        return len(cur.execute(BASELINE_SQL).fetchall())
+
+    def collection() -> int:
+        return len(cur.execute(COLLECT_SQL).fetchall())
+
+    # Interleaved, not one series after the other: this machine has 2 cores shared with
+    # noisy neighbours (and our own 100 idle backends, the autovacuum launcher, ...), so
+    # the CPU time available drifts over seconds. Two back-to-back series would each see a
+    # different stretch of that drift, and their ratio would measure the neighbours as much
+    # as the statements. Alternating makes both statements sample the same conditions, so
+    # a slow stretch slows both and the ratio, the figure that matters, stays put.
+    baseline_ms: list[float] = []
+    collection_ms: list[float] = []
+    rows = 0
+    for round_ in range(WARMUP_ROUNDS + repeat):
+        b_ms, _ = _timed(baseline)
+        c_ms, rows = _timed(collection)
+        if round_ >= WARMUP_ROUNDS:
+            baseline_ms.append(b_ms)
+            collection_ms.append(c_ms)
+    return Timings(baseline_ms, collection_ms, rows)
+
+
+# -- the exporter process -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExporterRun:
+    """The real exporter, scraped `scrapes` times after it first reported the target up."""
+
+    scrapes: int
+    peak_rss_mb: float  # VmHWM
+    rss_mb: float  # VmRSS at the end
+    last_collect_duration_ms: float
+    collect_duration_median_ms: float
+    scrape_median_ms: float  # client side, HTTP included
+
+
+def _sample(text: str, name: str) -> float | None:
+    """The value of `name{target="default"}` in a text exposition, if there."""
+    match = re.search(
+        rf"^{re.escape(name)}\{{{re.escape(TARGET_LABELS)}\}} (\S+)$", text, re.MULTILINE
+    )
+    return float(match.group(1)) if match else None
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
+        body: bytes = response.read()
+    return body.decode()
+
+
+def _proc_status_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            value, unit = line.split()[1:3]
+            assert unit == "kB"
+            return int(value) / 1024.0
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+def _wait_until_up(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + EXPORTER_START_TIMEOUT
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"the exporter exited with status {process.returncode}:\n"
+                + log_path.read_text()[-2000:]
+            )
+        with contextlib.suppress(OSError):  # not listening yet, or a slow answer
+            if _sample(_scrape(url), UP_METRIC) == 1.0:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the exporter did not report {UP_METRIC}{{{TARGET_LABELS}}} 1 within "
+                f"{EXPORTER_START_TIMEOUT:.0f}s:\n" + log_path.read_text()[-2000:]
+            )
+        time.sleep(0.2)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()  # SIGTERM: the exporter shuts down cleanly
+    try:
+        process.wait(timeout=EXPORTER_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        progress("the exporter ignored SIGTERM; killing it")
+        process.kill()
+        process.wait()
+
+
+def run_exporter(dsn: str, repeat: int) -> ExporterRun:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = [
+        sys.executable, "-m", "exporter", "--dsn", dsn,
+        "--web.listen-address", f"127.0.0.1:{port}",
+        "--collection.min-interval", EXPORTER_MIN_INTERVAL,
+    ]  # fmt: skip
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.NamedTemporaryFile(prefix="collection-cost-exporter-", suffix=".log") as log:
+        log_path = Path(log.name)
+        process = subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_until_up(process, url, log_path)
+            progress(f"exporter (pid {process.pid}) is up; scraping {url} {repeat} times")
+            durations_ms: list[float] = []
+            scrape_ms: list[float] = []
+            for i in range(repeat):
+                started = time.perf_counter()
+                text = _scrape(url)
+                scrape_ms.append((time.perf_counter() - started) * 1000.0)
+                if _sample(text, UP_METRIC) != 1.0:
+                    raise RuntimeError(f"scrape {i + 1}: the exporter reports the target down")
+                duration = _sample(text, COLLECT_DURATION_METRIC)
+                if duration is None:
+                    raise RuntimeError(f"scrape {i + 1}: no {COLLECT_DURATION_METRIC}")
+                durations_ms.append(duration * 1000.0)
+            peak = _proc_status_mb(process.pid, "VmHWM")
+            rss = _proc_status_mb(process.pid, "VmRSS")
+        finally:
+            _stop(process)
+    return ExporterRun(
+        scrapes=repeat,
+        peak_rss_mb=peak,
+        rss_mb=rss,
+        last_collect_duration_ms=durations_ms[-1],
+        collect_duration_median_ms=statistics.median(durations_ms),
+        scrape_median_ms=statistics.median(scrape_ms),
+    )
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    locks: int
+    backends: int
+    server_version: str
+    max_connections: int
+    max_locks_per_transaction: int
+    lock_table_capacity: int | None
+    timings: Timings
+    exporter: ExporterRun
+
+    @property
+    def ratio_met(self) -> bool:
+        return self.timings.ratio <= RATIO_AIM
+
+    @property
+    def memory_met(self) -> bool:
+        return self.exporter.peak_rss_mb < MEMORY_AIM_MB
+
+    def as_json(self) -> dict[str, Any]:
+        t, e = self.timings, self.exporter
+        return {
+            "locks": self.locks,
+            "backends": self.backends,
+            "server_version": self.server_version,
+            "max_connections": self.max_connections,
+            "max_locks_per_transaction": self.max_locks_per_transaction,
+            "lock_table_capacity": self.lock_table_capacity,
+            "repeat": len(t.baseline_ms),
+            "warmup_rounds": WARMUP_ROUNDS,
+            "baseline_median_ms": t.baseline_median_ms,
+            "collection_median_ms": t.collection_median_ms,
+            "ratio": t.ratio,
+            "paired_ratio_median": t.paired_ratio_median,
+            "ratio_aim": RATIO_AIM,
+            "ratio_aim_met": self.ratio_met,
+            "baseline_ms": t.baseline_ms,
+            "collection_ms": t.collection_ms,
+            "collection_rows": t.collection_rows,
+            "exporter": asdict(e),
+            "memory_aim_mb": MEMORY_AIM_MB,
+            "memory_aim_met": self.memory_met,
+        }
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT MET"
+
+
+def format_report(result: Result) -> str:
+    t, e = result.timings, result.exporter
+    runs = len(t.baseline_ms)
+    capacity = (
+        f", lock table ~{result.lock_table_capacity:,} entries"
+        if result.lock_table_capacity
+        else ""
+    )
+    width = 40
+    lines = [
+        f"advisory locks held: {result.locks:,} across {result.backends} backends "
+        f"(PostgreSQL {result.server_version}{capacity})",
+        f"{BASELINE_LABEL:<{width}} median {t.baseline_median_ms:.1f} ms ({runs} runs)",
+        f"{COLLECTION_LABEL:<{width}} median {t.collection_median_ms:.1f} ms ({runs} runs, "
+        f"{t.collection_rows} rows)",
+        f"{'ratio collection / baseline':<{width}} {t.ratio:.2f}  (aim: <= {RATIO_AIM}: "
+        f"{_verdict(result.ratio_met)}; median of paired ratios {t.paired_ratio_median:.2f})",
+        f"{'exporter peak memory (VmHWM)':<{width}} {e.peak_rss_mb:.1f} MB "
+        f"(aim: < {MEMORY_AIM_MB:.0f} MB: {_verdict(result.memory_met)}) "
+        f"after {e.scrapes} scrapes",
+        f"{'exporter collect duration':<{width}} last {e.last_collect_duration_ms:.1f} ms, "
+        f"median {e.collect_duration_median_ms:.1f} ms "
+        f"(scrape median {e.scrape_median_ms:.1f} ms, HTTP included)",
+    ]
+    return "\n".join(lines)
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return number
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.collection_cost",
+        description="Measure the exporter's collection cost and memory on many advisory locks.",
+    )
+    parser.add_argument("--locks", type=_positive, default=100_000, help="advisory locks held")
+    parser.add_argument("--backends", type=_positive, default=100, help="backends holding them")
+    parser.add_argument("--repeat", type=_positive, default=15, help="timed runs and scrapes")
+    parser.add_argument("--pg-version", type=int, default=DEFAULT_MAJOR, help="major version")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.backends > args.locks:
+        parser.error("--backends must not exceed --locks (each backend holds at least one)")
+    return args
+
+
+def run(locks: int, backends: int, repeat: int, pg_version: int) -> Result:
+    plan = plan_server(locks, backends)
+    progress(
+        f"starting PostgreSQL {pg_version}: max_connections={plan.max_connections}, "
+        f"max_locks_per_transaction={plan.max_locks_per_transaction} "
+        f"(~{plan.planned_capacity:,} lock table entries for {locks:,} locks)"
+    )
+    pg = EmbeddedPostgres(major=pg_version)
+    try:
+        pg.start(
+            max_connections=plan.max_connections,
+            max_locks_per_transaction=plan.max_locks_per_transaction,
+        )
+        with contextlib.ExitStack() as stack:
+            timing_conn = stack.enter_context(pg.connect(application_name="bench-timing"))
+            snapshot = read_snapshot(timing_conn)
+            version = snapshot.server_version
+            capacity = lock_table_capacity(snapshot.capacity_settings)
+            progress(f"PostgreSQL {version} up; {backends} backends take {locks:,} locks")
+            started = time.monotonic()
+            hold_locks(pg, locks, backends, stack)
+            held = scalar(timing_conn, COUNT_ADVISORY_SQL)
+            if held != locks:
+                raise RuntimeError(f"pg_locks shows {held} advisory locks, not {locks}")
+            progress(f"{held:,} advisory locks held ({time.monotonic() - started:.1f}s)")
+
+            progress(f"timing, interleaved: {WARMUP_ROUNDS} warm-up + {repeat} rounds")
+            timings = time_statements(timing_conn, repeat)
+            progress("starting the exporter")
+            exporter = run_exporter(pg.dsn(), repeat)
+            progress("closing the backends")
+        return Result(
+            locks=locks,
+            backends=backends,
+            server_version=version,
+            max_connections=plan.max_connections,
+            max_locks_per_transaction=plan.max_locks_per_transaction,
+            lock_table_capacity=capacity,
+            timings=timings,
+            exporter=exporter,
+        )
+    finally:
+        pg.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args.locks, args.backends, args.repeat, args.pg_version)
+    print(format_report(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.as_json(), indent=2) + "\n")
+        progress(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

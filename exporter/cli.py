@@ -1,0 +1,141 @@
+"""The `pg-advisory-exporter` command: the daemon, `check` and `demo`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from . import __version__, logs
+from .config import (
+    DEFAULT_LISTEN_ADDRESS,
+    FLAG_NAMES,
+    Config,
+    ConfigError,
+    load,
+    read_environment,
+    read_flags,
+)
+from .daemon import Daemon
+from .demo import run_demo
+from .embedded_postgres import DEFAULT_MAJOR
+from .report import run_check
+
+log = logging.getLogger("pg_advisory_exporter")
+
+EXIT_CONFIG = 2
+DEMO_LISTEN_ADDRESS = "127.0.0.1:9846"  # the demo's server is throwaway: keep it local
+
+_HELP = {
+    "dsn": "PostgreSQL connection string of the one server to watch (target name 'default'); "
+    "also PG_ADVISORY_EXPORTER_DSN or DATA_SOURCE_NAME",
+    "config_file": "YAML file with targets and collection settings",
+    "web_listen_address": f"address to listen on (default {DEFAULT_LISTEN_ADDRESS})",
+    "web_telemetry_path": "path under which to expose metrics (default /metrics)",
+    "log_level": "debug, info, warn or error (default info)",
+    "log_format": "logfmt or json (default logfmt)",
+    "statement_timeout": "server-side limit on one collection, e.g. 5s (default 5s)",
+    "lock_timeout": "server-side limit on waiting for a catalog lock (default 1s)",
+    "connect_timeout": "limit on opening a connection (default 3s)",
+    "min_interval": "scrapes within this time of the last collection reuse it (default 5s)",
+    "application_name_limit": "most distinct application_name values per target (default 100)",
+}
+
+
+def _flags(default: object) -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    for field, flag in FLAG_NAMES.items():
+        flags.add_argument(flag, dest=field, metavar="VALUE", default=default, help=_HELP[field])
+    return flags
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pg-advisory-exporter",
+        description="Prometheus exporter for PostgreSQL advisory locks.",
+        parents=[_flags(None)],
+    )
+    # Flags may come before or after a command; SUPPRESS keeps a command's unset flags
+    # from overwriting ones given before it.
+    common = _flags(argparse.SUPPRESS)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--config.check",
+        dest="config_check",
+        action="store_true",
+        help="validate the configuration and exit (status 2 if it is invalid)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser(
+        "check",
+        parents=[common],
+        help="collect once and print a report: lock table, idle holders, waiters, top "
+        "applications (exit status 1 if a server cannot be reached)",
+    )
+    demo = commands.add_parser(
+        "demo",
+        help="start a throwaway PostgreSQL, play the advisory lock scenarios on it and export them",
+    )
+    demo.add_argument(
+        "--web.listen-address",
+        dest="web_listen_address",
+        metavar="VALUE",
+        default=DEMO_LISTEN_ADDRESS,
+        help=f"address to listen on (default {DEMO_LISTEN_ADDRESS})",
+    )
+    demo.add_argument(
+        "--pg-version", type=int, default=DEFAULT_MAJOR, help="PostgreSQL major version"
+    )
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    flags = read_flags({field: getattr(args, field) for field in FLAG_NAMES})
+    return load(flags, read_environment())
+
+
+def run_daemon(config: Config) -> int:
+    try:
+        daemon = Daemon(config)
+    except OSError as exc:
+        log.error(
+            "cannot listen", extra={"address": config.web.listen_address, "error": exc.strerror}
+        )
+        return 1
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+        # shutdown() waits for serve_forever(), which runs in this very thread.
+        threading.Thread(target=daemon.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    daemon.serve_forever()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "demo":
+        return run_demo(args.pg_version, args.web_listen_address)
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        print(f"pg-advisory-exporter: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.config_check:
+        names = ", ".join(t.name for t in config.targets)
+        print(f"configuration is valid: {len(config.targets)} target(s): {names}")
+        return 0
+    logs.setup(config.log.level, config.log.format)
+    if args.command == "check":
+        return run_check(config)
+    return run_daemon(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

