@@ -17,6 +17,7 @@ from .target import CannotCollect, open_session
 
 EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10
+_MOST_ROWS = 20  # of idle holders and of waiters; the report says how many it left out
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -37,8 +38,13 @@ def format_seconds(seconds: float | None) -> str:
 def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        out.write("    " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
-        out.write("\n")
+        cells = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+        out.write(f"    {cells.rstrip()}\n")
+
+
+def _left_out(count: int, out: TextIO) -> None:
+    if count > _MOST_ROWS:
+        out.write(f"    ... and {count - _MOST_ROWS} more\n")
 
 
 def _key_level(backend: BackendLocks) -> str:
@@ -92,10 +98,11 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
                     _keys(b),
                     _key_level(b),
                 )
-                for b in idle
+                for b in idle[:_MOST_ROWS]
             ],
             out,
         )
+        _left_out(len(idle), out)
 
     waiters = sorted(
         (b for b in snapshot.backends if b.waiting), key=lambda b: -(b.wait_seconds or 0.0)
@@ -113,10 +120,11 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
                     str(b.awaited_key) if b.awaited_key else "-",
                     (b.awaited_mode or "").removesuffix("Lock").lower(),
                 )
-                for b in waiters
+                for b in waiters[:_MOST_ROWS]
             ],
             out,
         )
+        _left_out(len(waiters), out)
 
     apps: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for b in snapshot.backends:
