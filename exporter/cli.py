@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from . import __version__, logs
@@ -93,27 +93,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace) -> Config:
+def _reader(args: argparse.Namespace) -> Callable[[], Config]:
+    """Loads the configuration; a reload calls it again to reread the file."""
     flags = read_flags({field: getattr(args, field) for field in FLAG_NAMES})
-    return load(flags, read_environment())
+    env = read_environment()
+    return lambda: load(flags, env)
 
 
-def run_daemon(config: Config) -> int:
+def run_daemon(config: Config, reread: Callable[[], Config]) -> int:
     try:
-        daemon = Daemon(config)
+        daemon = Daemon(config, reread)
     except OSError as exc:
         log.error(
             "cannot listen", extra={"address": config.web.listen_address, "error": exc.strerror}
         )
         return 1
 
+    # Handlers run in the main thread, which serve_forever() occupies: hand work off.
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("shutting down", extra={"signal": signal.Signals(signum).name})
-        # shutdown() waits for serve_forever(), which runs in this very thread.
         threading.Thread(target=daemon.shutdown, daemon=True).start()
+
+    def reload(_signum: int, _frame: FrameType | None) -> None:
+        threading.Thread(target=daemon.reload, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
     daemon.serve_forever()
     return 0
 
@@ -123,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return run_demo(args.pg_version, args.web_listen_address)
     try:
-        config = _load(args)
+        reread = _reader(args)
+        config = reread()
     except ConfigError as exc:
         print(f"pg-advisory-exporter: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -134,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.setup(config.log.level, config.log.format)
     if args.command == "check":
         return run_check(config)
-    return run_daemon(config)
+    return run_daemon(config, reread)
 
 
 if __name__ == "__main__":

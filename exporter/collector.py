@@ -1,10 +1,10 @@
-"""The prometheus_client collector that gathers every target's series for a scrape."""
+"""The prometheus_client collector that gathers the targets' series for a scrape."""
 
 from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 
 from prometheus_client.core import Metric
@@ -21,29 +21,47 @@ scrape_timeout: ContextVar[float | None] = ContextVar("scrape_timeout", default=
 _TIMEOUT_MARGIN = 0.5  # seconds left for rendering and sending the answer
 
 
-class ExporterCollector(Collector):
-    """Starts (or joins) a collection on every target at once, then waits for all of them."""
+def target_samples(targets: Sequence[Target]) -> list[Sample]:
+    """Start (or join) a collection on every target at once, then wait for each in turn.
 
-    def __init__(self, targets: Sequence[Target]) -> None:
-        self.targets = targets
+    Each target waits at most its own scrape_wait (or the scrape's timeout) counted from
+    the start, so a slow target never delays the others beyond that.
+    """
+    started = time.monotonic()
+    pending = [(target, target.begin()) for target in targets]
+    limit = scrape_timeout.get()
+    samples: list[Sample] = []
+    for target, collection in pending:
+        wait = target.settings.scrape_wait
+        if limit is not None:
+            wait = min(wait, limit - _TIMEOUT_MARGIN)
+        samples += target.samples(collection, started + wait - time.monotonic())
+    return samples
+
+
+class ExporterCollector(Collector):
+    """Every configured target, plus the exporter's build information: /metrics."""
+
+    def __init__(self, targets: Callable[[], Sequence[Target]]) -> None:
+        self._targets = targets  # read at each scrape: a reload may change them
 
     def describe(self) -> Iterable[Metric]:
         return ()  # nothing to collect at registration time
 
     def collect(self) -> Iterable[Metric]:
-        started = time.monotonic()
-        pending = [(target, target.begin()) for target in self.targets]
-        limit = scrape_timeout.get()
-        samples = [
-            Sample(
-                "pg_advisory_exporter_build_info",
-                (__version__, platform.python_version()),
-                1,
-            )
-        ]
-        for target, collection in pending:
-            wait = target.settings.scrape_wait
-            if limit is not None:
-                wait = min(wait, limit - _TIMEOUT_MARGIN)
-            samples += target.samples(collection, started + wait - time.monotonic())
-        return families(samples)
+        build = (__version__, platform.python_version())
+        samples = [Sample("pg_advisory_exporter_build_info", build, 1)]
+        return families(samples + target_samples(self._targets()))
+
+
+class ProbeCollector(Collector):
+    """One target's series: /probe?target=NAME."""
+
+    def __init__(self, target: Target) -> None:
+        self._target = target
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterable[Metric]:
+        return families(target_samples([self._target]))

@@ -20,7 +20,6 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -30,43 +29,20 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .appnames import RewriteRule
+from .registry import KeyConfig, check_configs
+from .schema import Duration, Strict
 
 DEFAULT_LISTEN_ADDRESS = ":9846"
 DEFAULT_TARGET = "default"
+DEFAULT_PARALLEL_COLLECTIONS = 16
 ENV_PREFIX = "PG_ADVISORY_EXPORTER_"
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class ConfigError(Exception):
     """A configuration that cannot be used; the message names the source and the problem."""
 
 
-def parse_duration(value: object) -> object:
-    """Seconds from a number or a Prometheus-style duration such as "500ms", "5s" or "1m30s"."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    parts = list(_DURATION_PART.finditer(text))
-    if not parts or "".join(p.group(0) for p in parts) != text:
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(
-                f"{value!r} is not a duration (use seconds or a form like 500ms, 5s, 1m30s)"
-            ) from None
-    return sum(float(p.group(1)) * _DURATION_UNITS[p.group(2)] for p in parts)
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RewriteRuleConfig(_Strict):
+class RewriteRuleConfig(Strict):
     """One application_name rewrite: a regular expression and its replacement."""
 
     pattern: str
@@ -85,7 +61,7 @@ class RewriteRuleConfig(_Strict):
         return RewriteRule(re.compile(self.pattern), self.replacement)
 
 
-class CollectionSettings(_Strict):
+class CollectionSettings(Strict):
     """How one server is read; set for all targets, and overridable per target."""
 
     statement_timeout: Duration = 5.0
@@ -163,13 +139,14 @@ def read_password_file(path: Path) -> str:
         raise ValueError(f"cannot read password_file {path}: {exc.strerror}") from None
 
 
-class TargetConfig(_Strict):
+class TargetConfig(Strict):
     """One PostgreSQL server to watch."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     dsn: Dsn = Field(repr=False)
     password_file: Path | None = None
     collection: CollectionSettings | None = None
+    keys: tuple[KeyConfig, ...] = ()  # after load(): the file's global keys, then these
 
     @model_validator(mode="after")
     def _one_password_source(self) -> TargetConfig:
@@ -187,23 +164,31 @@ class TargetConfig(_Strict):
         return make_conninfo(self.dsn, password=read_password_file(self.password_file))
 
 
-class WebConfig(_Strict):
+class WebConfig(Strict):
     listen_address: ListenAddress = DEFAULT_LISTEN_ADDRESS
     telemetry_path: TelemetryPath = "/metrics"
 
 
-class LogConfig(_Strict):
+class LogConfig(Strict):
     level: LogLevel = "info"
     format: LogFormat = "logfmt"
 
 
-class FileConfig(_Strict):
+class FileConfig(Strict):
     """The YAML file."""
 
     web: WebConfig = WebConfig()
     log: LogConfig = LogConfig()
     collection: CollectionSettings = CollectionSettings()
+    keys: tuple[KeyConfig, ...] = ()  # the key registry of every target
+    max_parallel_collections: int = Field(default=DEFAULT_PARALLEL_COLLECTIONS, ge=1)
     targets: tuple[TargetConfig, ...] = Field(min_length=1)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys_unique(cls, keys: tuple[KeyConfig, ...]) -> tuple[KeyConfig, ...]:
+        check_configs(keys)
+        return keys
 
     @field_validator("targets")
     @classmethod
@@ -269,7 +254,8 @@ class Config:
 
     web: WebConfig
     log: LogConfig
-    targets: tuple[TargetConfig, ...]  # each with its collection settings filled in
+    targets: tuple[TargetConfig, ...]  # each with its collection settings and keys filled in
+    max_parallel_collections: int = DEFAULT_PARALLEL_COLLECTIONS
 
 
 def _location(loc: Sequence[int | str]) -> str:
@@ -340,11 +326,17 @@ def _read_file(path: Path) -> FileConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: (top level): expected a mapping with a 'targets' list")
     try:
-        return FileConfig.model_validate(data)
+        file = FileConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
             "\n".join(f"{path}: {_location(e['loc'])}: {_describe(e)}" for e in exc.errors())
         ) from None
+    for i, target in enumerate(file.targets):
+        try:
+            check_configs(file.keys + target.keys)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: targets[{i}].keys: {exc}") from None
+    return file
 
 
 def _given(values: Mapping[str, object]) -> dict[str, object]:
@@ -390,9 +382,15 @@ def load(flags: Overrides, env: Overrides) -> Config:
                     update=target.collection.model_dump(exclude_unset=True)
                     if target.collection
                     else {}
-                )
+                ),
+                "keys": file.keys + target.keys,
             }
         )
         for target in file.targets
     )
-    return Config(web=web, log=log, targets=targets)
+    return Config(
+        web=web,
+        log=log,
+        targets=targets,
+        max_parallel_collections=file.max_parallel_collections,
+    )

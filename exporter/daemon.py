@@ -1,16 +1,17 @@
-"""The running exporter: targets, registry and HTTP server, started and stopped together."""
+"""The running exporter: targets, registry and HTTP server, started, reloaded and stopped."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from . import __version__
+from . import __version__, logs
 from .collector import ExporterCollector
-from .config import Config, split_listen_address
+from .config import Config, ConfigError, split_listen_address
 from .http import make_app, serve
 from .target import Target
 
@@ -18,22 +19,92 @@ log = logging.getLogger(__name__)
 
 
 class Daemon:
-    """Binds the listen address on creation (so a taken port fails at once)."""
+    """Binds the listen address on creation (so a taken port fails at once).
 
-    def __init__(self, config: Config) -> None:
+    `reread` gives the configuration anew for a reload (SIGHUP or POST /-/reload).
+    """
+
+    def __init__(self, config: Config, reread: Callable[[], Config] | None = None) -> None:
         self.config = config
+        self._reread = reread
+        # Bounded: a fleet of servers never opens more than this many collections at once.
         self._executor = ThreadPoolExecutor(
-            max_workers=len(config.targets), thread_name_prefix="collect"
+            max_workers=config.max_parallel_collections, thread_name_prefix="collect"
         )
-        self.targets = [Target(target, self._executor) for target in config.targets]
+        self._reload_lock = threading.Lock()
+        self._targets = {t.name: Target(t, self._executor) for t in config.targets}
         self.registry = CollectorRegistry()
         self.registry.register(ExporterCollector(self.targets))
         ProcessCollector(registry=self.registry)
         host, port = split_listen_address(config.web.listen_address)
-        app = make_app(self.registry, config.web.telemetry_path, self.targets)
-        self._server = serve(app, host, port)
+        self._server = serve(make_app(self), host, port)
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
+
+    @property
+    def telemetry_path(self) -> str:
+        return self.config.web.telemetry_path
+
+    def targets(self) -> list[Target]:
+        return list(self._targets.values())
+
+    def target(self, name: str) -> Target | None:
+        return self._targets.get(name)
+
+    def reload(self) -> str | None:
+        """Read the configuration again; None when it took effect, else why it did not.
+
+        Targets whose configuration is unchanged keep their connection and their last
+        collection, so their series go on without a gap. An invalid configuration is
+        refused and the running one stays.
+        """
+        if self._reread is None:
+            return "this exporter was started without a configuration to reread"
+        with self._reload_lock:
+            try:
+                config = self._reread()
+            except ConfigError as exc:
+                log.error(
+                    "reload refused; the running configuration stays", extra={"error": str(exc)}
+                )
+                return str(exc)
+            self._apply(config)
+        return None
+
+    def _apply(self, config: Config) -> None:
+        for setting in ("web", "max_parallel_collections"):
+            if getattr(config, setting) != getattr(self.config, setting):
+                log.warning(
+                    "a reload cannot change this; restart to apply", extra={"setting": setting}
+                )
+        logs.setup(config.log.level, config.log.format)
+        old = self._targets
+        new: dict[str, Target] = {}
+        for target_config in config.targets:
+            kept = old.get(target_config.name)
+            if kept is not None and kept.config == target_config:
+                new[target_config.name] = kept
+            else:
+                new[target_config.name] = Target(target_config, self._executor)
+        self._targets = new  # one assignment: a scrape sees the old set or the new one
+        self.config = Config(
+            web=self.config.web,
+            log=config.log,
+            targets=config.targets,
+            max_parallel_collections=self.config.max_parallel_collections,
+        )
+        for name, target in old.items():
+            if new.get(name) is not target:
+                target.close()
+        log.info(
+            "configuration reloaded",
+            extra={
+                "targets": ",".join(new),
+                "added": ",".join(n for n in new if n not in old),
+                "removed": ",".join(n for n in old if n not in new),
+                "changed": ",".join(n for n in new if n in old and new[n] is not old[n]),
+            },
+        )
 
     @property
     def url(self) -> str:
@@ -42,15 +113,15 @@ class Daemon:
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{port}{self.config.web.telemetry_path}"
+        return f"http://{host}:{port}{self.telemetry_path}"
 
     def serve_forever(self) -> None:
         log.info(
             "listening",
             extra={
                 "address": self.config.web.listen_address,
-                "telemetry_path": self.config.web.telemetry_path,
-                "targets": ",".join(t.name for t in self.targets),
+                "telemetry_path": self.telemetry_path,
+                "targets": ",".join(self._targets),
                 "version": __version__,
             },
         )
@@ -77,5 +148,5 @@ class Daemon:
     def _close(self) -> None:
         self._server.server_close()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        for target in self.targets:
+        for target in self._targets.values():
             target.close()

@@ -1,4 +1,4 @@
-"""The HTTP endpoints: metrics, a landing page and a health report."""
+"""The HTTP endpoints: metrics, /probe for one target, a landing page, health and reload."""
 
 from __future__ import annotations
 
@@ -8,32 +8,54 @@ import logging
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from . import __version__
-from .collector import scrape_timeout
+from .collector import ProbeCollector, scrape_timeout
 from .target import Target
 
 log = logging.getLogger(__name__)
 
 HEALTH_PATH = "/health"
+PROBE_PATH = "/probe"
+RELOAD_PATH = "/-/reload"
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
+class Exported(Protocol):
+    """What the endpoints need from the running exporter."""
+
+    registry: CollectorRegistry
+
+    @property
+    def telemetry_path(self) -> str: ...
+
+    def targets(self) -> list[Target]: ...
+
+    def target(self, name: str) -> Target | None: ...
+
+    def reload(self) -> str | None: ...
+
+
 def _landing_page(telemetry_path: str, targets: Sequence[Target]) -> bytes:
-    names = "".join(f"<li><code>{html.escape(t.name)}</code></li>" for t in targets)
+    names = "".join(
+        f'<li><code>{html.escape(t.name)}</code> (<a href="{PROBE_PATH}?target='
+        f'{html.escape(t.name)}">probe</a>)</li>'
+        for t in targets
+    )
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>pg-advisory-exporter</title></head>
 <body>
 <h1>pg-advisory-exporter {html.escape(__version__)}</h1>
 <p>Prometheus exporter for PostgreSQL advisory locks.</p>
 <ul>
-<li><a href="{html.escape(telemetry_path)}">Metrics</a></li>
+<li><a href="{html.escape(telemetry_path)}">Metrics</a> (every target)</li>
 <li><a href="{HEALTH_PATH}">Health</a> (the last collection of each target)</li>
 </ul>
 <h2>Targets</h2>
@@ -71,30 +93,65 @@ def _scrape_timeout(environ: dict[str, Any]) -> float | None:
         return None
 
 
-def make_app(
-    registry: CollectorRegistry, telemetry_path: str, targets: Sequence[Target]
-) -> WsgiApp:
-    metrics_app = make_wsgi_app(registry)  # content negotiation, gzip and name[] filters
-    landing = _landing_page(telemetry_path, targets)
+def _text(start_response: StartResponse, status: str, message: str) -> list[bytes]:
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+    return [f"{message}\n".encode()]
+
+
+def make_app(exported: Exported) -> WsgiApp:
+    metrics_app = make_wsgi_app(exported.registry)  # negotiation, gzip and name[] filters
+
+    def exposition(app: WsgiApp, environ: dict[str, Any], start: StartResponse) -> list[bytes]:
+        token = scrape_timeout.set(_scrape_timeout(environ))
+        try:
+            return list(app(environ, start))
+        finally:
+            scrape_timeout.reset(token)
+
+    def probe(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        # Only names from the configuration: a host or a DSN in a URL would let anyone
+        # who can reach the exporter make it connect anywhere.
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("target", [])
+        if len(names) != 1:
+            return _text(start_response, "400 Bad Request", "give one ?target=NAME")
+        target = exported.target(names[0])
+        if target is None:
+            known = ", ".join(t.name for t in exported.targets())
+            return _text(
+                start_response,
+                "404 Not Found",
+                f"unknown target {names[0]!r}: /probe takes the name of a configured "
+                f"target ({known}), never a host or a DSN",
+            )
+        registry = CollectorRegistry()
+        registry.register(ProbeCollector(target))
+        return exposition(make_wsgi_app(registry), environ, start_response)
+
+    def reload(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        if environ.get("REQUEST_METHOD") != "POST":
+            start_response("405 Method Not Allowed", [("Allow", "POST")])
+            return [b"reload with POST\n"]
+        error = exported.reload()
+        if error is not None:
+            return _text(start_response, "500 Internal Server Error", f"reload refused: {error}")
+        return _text(start_response, "200 OK", "reloaded")
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
-        if path == telemetry_path:
-            token = scrape_timeout.set(_scrape_timeout(environ))
-            try:
-                exposition: Iterable[bytes] = metrics_app(environ, start_response)
-                return exposition
-            finally:
-                scrape_timeout.reset(token)
+        if path == exported.telemetry_path:
+            return exposition(metrics_app, environ, start_response)
+        if path == PROBE_PATH:
+            return probe(environ, start_response)
+        if path == RELOAD_PATH:
+            return reload(environ, start_response)
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [landing]
+            return [_landing_page(exported.telemetry_path, exported.targets())]
         if path == HEALTH_PATH:
-            status, body = _health(targets)
+            status, body = _health(exported.targets())
             start_response(status, [("Content-Type", "application/json")])
             return [body]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [f"not found; try {telemetry_path}\n".encode()]
+        return _text(start_response, "404 Not Found", f"not found; try {exported.telemetry_path}")
 
     return app
 

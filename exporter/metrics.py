@@ -11,7 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .appnames import RewriteRule, fold, rewrite
 from .capacity import lock_table_capacity
-from .snapshot import BackendLocks, ServerSnapshot
+from .registry import NO_KEYS, RegisteredKey, Registry
+from .snapshot import BackendLocks, KeyUse, ServerSnapshot
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,30 @@ SPECS = {
             "gauge",
             ("target", "server_version"),
             "Always 1 while the server answers.",
+        ),
+        MetricSpec(
+            "pg_advisory_key_holders",
+            "gauge",
+            ("target", "datname", "key"),
+            "Backends holding the registered key (0 for an expect_held key nobody holds).",
+        ),
+        MetricSpec(
+            "pg_advisory_key_waiters",
+            "gauge",
+            ("target", "datname", "key"),
+            "Backends waiting for the registered key.",
+        ),
+        MetricSpec(
+            "pg_advisory_key_hold_seconds",
+            "gauge",
+            ("target", "datname", "key"),
+            "The longest time a holder of the registered key has been in its current state.",
+        ),
+        MetricSpec(
+            "pg_advisory_key_max_hold_seconds",
+            "gauge",
+            ("target", "key"),
+            "The registry's max_hold for the key: compare pg_advisory_key_hold_seconds with it.",
         ),
         MetricSpec(
             "pg_advisory_exporter_build_info", "gauge", ("version", "python_version"), "Always 1."
@@ -207,7 +232,7 @@ class _Group:
     wait_max: float = 0.0
     backend_locks_max: int = 0
 
-    def add(self, backend: BackendLocks) -> None:
+    def add(self, backend: BackendLocks, long_lived: bool) -> None:
         for mode, held in (("exclusive", backend.held_exclusive), ("share", backend.held_share)):
             if held:
                 self.locks[mode, "true"] += held
@@ -219,8 +244,70 @@ class _Group:
             state = state_label(backend)
             self.holders[state] += 1
             self.backend_locks_max = max(self.backend_locks_max, backend.held)
-            if state in IDLE_STATES and backend.state_seconds is not None:
+            # A long-lived key (a leader's) is held while idle on purpose: never a leak.
+            if state in IDLE_STATES and backend.state_seconds is not None and not long_lived:
                 self.idle_max[state] = max(self.idle_max.get(state, 0.0), backend.state_seconds)
+
+
+@dataclass
+class KeyGroup:
+    """Accumulates one registered key in one database."""
+
+    holders: int = 0
+    waiters: int = 0
+    hold_max: float | None = None
+
+    def add(self, backend: BackendLocks, use: KeyUse) -> None:
+        if use.awaited:
+            self.waiters += 1
+        if use.held:
+            self.holders += 1
+            if backend.state_seconds is not None:
+                self.hold_max = max(self.hold_max or 0.0, backend.state_seconds)
+
+
+def counted_uses(backend: BackendLocks, registry: Registry) -> list[tuple[RegisteredKey, KeyUse]]:
+    """The backend's registered keys, in the databases each key is registered for."""
+    pairs = [(registry.keys[use.key_index], use) for use in backend.registered]
+    return [
+        (key, use)
+        for key, use in pairs
+        if not key.config.databases or backend.datname in key.config.databases
+    ]
+
+
+def key_groups(snapshot: ServerSnapshot, registry: Registry) -> dict[tuple[str, str], KeyGroup]:
+    """Holders and waiters of each registered key, by (database, key name).
+
+    A key that is expected to be held gets an empty group in each of its databases (the
+    connection's database if it names none), so that nobody holding it shows as 0.
+    """
+    groups: dict[tuple[str, str], KeyGroup] = defaultdict(KeyGroup)
+    for backend in snapshot.backends:
+        for key, use in counted_uses(backend, registry):
+            groups[backend.datname, key.name].add(backend, use)
+    for key in registry.keys:
+        if key.config.expect_held:
+            for datname in key.config.databases or (snapshot.current_database,):
+                groups.setdefault((datname, key.name), KeyGroup())
+    return dict(sorted(groups.items()))
+
+
+def _key_samples(target: str, snapshot: ServerSnapshot, registry: Registry) -> list[Sample]:
+    samples: list[Sample] = []
+    for (datname, name), group in key_groups(snapshot, registry).items():
+        labels = (target, datname, name)
+        samples.append(Sample("pg_advisory_key_holders", labels, group.holders))
+        if group.holders or group.waiters:
+            samples.append(Sample("pg_advisory_key_waiters", labels, group.waiters))
+        if group.hold_max is not None:
+            samples.append(Sample("pg_advisory_key_hold_seconds", labels, group.hold_max))
+    samples += [
+        Sample("pg_advisory_key_max_hold_seconds", (target, key.name), key.config.max_hold)
+        for key in registry.keys
+        if key.config.max_hold is not None
+    ]
+    return samples
 
 
 @dataclass(frozen=True)
@@ -234,6 +321,7 @@ def server_samples(
     snapshot: ServerSnapshot,
     rules: Sequence[RewriteRule],
     application_name_limit: int,
+    registry: Registry = NO_KEYS,
 ) -> ServerSamples:
     """Map one snapshot to the server series of the contract."""
     names = [rewrite(backend.application_name, rules) for backend in snapshot.backends]
@@ -244,7 +332,10 @@ def server_samples(
 
     groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
     for backend, name in zip(snapshot.backends, names, strict=True):
-        groups[backend.datname, folding.label(name)].add(backend)
+        long_lived = any(
+            key.config.long_lived and use.held for key, use in counted_uses(backend, registry)
+        )
+        groups[backend.datname, folding.label(name)].add(backend, long_lived)
 
     samples = [
         Sample("pg_advisory_up", (target,), 1),
@@ -287,4 +378,5 @@ def server_samples(
             Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),
             Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
         ]
+    samples += _key_samples(target, snapshot, registry)
     return ServerSamples(samples, folding.folded)

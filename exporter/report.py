@@ -11,7 +11,8 @@ import psycopg
 
 from .capacity import lock_table_capacity
 from .config import Config, TargetConfig, redact
-from .metrics import IDLE_STATES, state_label
+from .metrics import IDLE_STATES, counted_uses, key_groups, state_label
+from .registry import Registry
 from .snapshot import BackendLocks, ServerSnapshot, read_snapshot
 from .target import CannotCollect, open_session
 
@@ -60,9 +61,17 @@ def _keys(backend: BackendLocks) -> str:
     return str(backend.held_key) + (f" (+{more} more)" if more > 0 else "")
 
 
-def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) -> None:
+def _registered(backend: BackendLocks, registry: Registry, *, awaited: bool) -> str:
+    names = [
+        key.name
+        for key, use in counted_uses(backend, registry)
+        if (use.awaited if awaited else use.held)
+    ]
+    return ", ".join(names) or "-"
+
+
+def _header(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) -> None:
     capacity = lock_table_capacity(snapshot.capacity_settings)
-    settings = snapshot.capacity_settings
     out.write(f"Target {name}: PostgreSQL {snapshot.server_version}\n")
     if snapshot.can_read_all_stats:
         out.write("  Privileges: the role can read every session's state\n")
@@ -77,9 +86,11 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
     out.write(f"  Lock table: {use}\n")
     out.write(
         f"  Busiest backend: {snapshot.backend_table_entries_max:,} entries "
-        f"(max_locks_per_transaction = {settings.max_locks_per_transaction})\n"
+        f"(max_locks_per_transaction = {snapshot.capacity_settings.max_locks_per_transaction})\n"
     )
 
+
+def _idle_holders(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
     idle = sorted(
         (b for b in snapshot.backends if b.held and state_label(b) in IDLE_STATES),
         key=lambda b: -(b.state_seconds or 0.0),
@@ -87,7 +98,7 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
     out.write(f"\n  Idle holders ({len(idle)}): sessions holding advisory locks between queries\n")
     if idle:
         _table(
-            [("PID", "DATABASE", "APPLICATION", "STATE", "AGE", "KEY", "LEVEL")]
+            [("PID", "DATABASE", "APPLICATION", "STATE", "AGE", "KEY", "REGISTERED", "LEVEL")]
             + [
                 (
                     str(b.pid),
@@ -96,6 +107,7 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
                     state_label(b),
                     format_seconds(b.state_seconds),
                     _keys(b),
+                    _registered(b, registry, awaited=False),
                     _key_level(b),
                 )
                 for b in idle[:_MOST_ROWS]
@@ -104,13 +116,15 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
         )
         _left_out(len(idle), out)
 
+
+def _waiters(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
     waiters = sorted(
         (b for b in snapshot.backends if b.waiting), key=lambda b: -(b.wait_seconds or 0.0)
     )
     out.write(f"\n  Waiters ({len(waiters)})\n")
     if waiters:
         _table(
-            [("PID", "DATABASE", "APPLICATION", "WAITING", "KEY", "MODE")]
+            [("PID", "DATABASE", "APPLICATION", "WAITING", "KEY", "REGISTERED", "MODE")]
             + [
                 (
                     str(b.pid),
@@ -118,6 +132,7 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
                     repr(b.application_name),
                     format_seconds(b.wait_seconds),
                     str(b.awaited_key) if b.awaited_key else "-",
+                    _registered(b, registry, awaited=True),
                     (b.awaited_mode or "").removesuffix("Lock").lower(),
                 )
                 for b in waiters[:_MOST_ROWS]
@@ -126,6 +141,27 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
         )
         _left_out(len(waiters), out)
 
+
+def _registered_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
+    if not registry.keys:
+        return
+    groups = key_groups(snapshot, registry)
+    out.write(f"\n  Registered keys ({len(registry.keys)})\n")
+    rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
+    for key in registry.keys:
+        limit = format_seconds(key.config.max_hold) if key.config.max_hold else "-"
+        found = [(datname, group) for (datname, name), group in groups.items() if name == key.name]
+        for datname, group in found:
+            held_for = format_seconds(group.hold_max) if group.holders else "-"
+            rows.append(
+                (key.name, datname, str(group.holders), str(group.waiters), held_for, limit)
+            )
+        if not found:
+            rows.append((key.name, "-", "0", "0", "-", limit))
+    _table(rows, out)
+
+
+def _top_applications(snapshot: ServerSnapshot, out: TextIO) -> None:
     apps: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for b in snapshot.backends:
         totals = apps[b.datname, b.application_name]
@@ -143,6 +179,16 @@ def print_report(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) ->
             ],
             out,
         )
+
+
+def print_report(
+    name: str, role: str, snapshot: ServerSnapshot, registry: Registry, out: TextIO
+) -> None:
+    _header(name, role, snapshot, out)
+    _idle_holders(snapshot, registry, out)
+    _waiters(snapshot, registry, out)
+    _registered_keys(snapshot, registry, out)
+    _top_applications(snapshot, out)
     out.write("\n")
 
 
@@ -151,15 +197,15 @@ def check_target(target: TargetConfig, out: TextIO) -> bool:
     conninfo = target.dsn
     try:
         conninfo = target.conninfo()
-        session = open_session(conninfo, target.collection)
+        session = open_session(conninfo, target.collection, target.keys)
         try:
-            snapshot = read_snapshot(session.conn, with_keys=True)
+            snapshot = read_snapshot(session.conn, session.registry, with_keys=True)
         finally:
             session.conn.close()
     except (psycopg.Error, CannotCollect, ValueError) as exc:
         out.write(f"Target {target.name}: cannot collect: {redact(str(exc).strip(), conninfo)}\n\n")
         return False
-    print_report(target.name, session.role, snapshot, out)
+    print_report(target.name, session.role, snapshot, session.registry, out)
     return True
 
 

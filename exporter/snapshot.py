@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ from psycopg.rows import dict_row
 
 from .capacity import CapacitySettings
 from .keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from .registry import NO_KEYS, Registry
 
 # Run once per connection: the session settings that keep the exporter harmless, and the
 # server version it checks before the first collection.
@@ -22,10 +24,10 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
        pg_catalog.set_config('default_transaction_read_only', 'on', false)
 """
 
-# The collection: pg_locks is read exactly once, in the backend_locks CTE, and aggregated
-# there to one row per backend, so the cost stays close to a bare count(*) of pg_locks and
-# the exporter never receives a row per lock. Run in autocommit, the statement sees
-# pg_locks and pg_stat_activity as of the same moment. Notes on the aggregates:
+# The collection: pg_locks is read exactly once, in lock_groups, and aggregated there to
+# one row per backend (and per registered key it holds), so the cost stays close to a bare
+# count(*) of pg_locks and the exporter never receives a row per lock. Run in autocommit,
+# the statement sees pg_locks and pg_stat_activity as of the same moment. Notes:
 # - A backend waits for at most one lock, so min(waitstart) is the start of that wait; it
 #   counts only when the awaited lock is advisory (awaited_mode is set).
 # - Only a backend inside a transaction holds a virtualxid lock, its own: a backend without
@@ -34,19 +36,40 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 # - count(virtualxid) and min(waitstart) skip the NULLs most rows carry, which is cheaper
 #   than a FILTER on locktype.
 # - state_change is NULL where privileges hide it, so state_seconds is NULL there too.
-# - {key_columns} is where the one-shot report adds the keys a backend holds and awaits.
+# - The key registry arrives as arrays and is matched by hash joins: exact keys on all
+#   three key columns, namespaces on the first int. A join costs a hash probe per row, so
+#   it is only there when the registry has keys of that kind.
+# - {key_columns} and {key_rollup} are where the one-shot report adds the lowest key a
+#   backend holds and the key it awaits.
 _COLLECT_TEMPLATE = """
-WITH backend_locks AS (
+WITH {registry}lock_groups AS (
     SELECT
         l.pid,
+        {key_index} AS key_index,
         count(*) FILTER (WHERE NOT l.fastpath) AS table_entries,
         count(*) FILTER (WHERE l.locktype = 'advisory') AS advisory_entries,
         count(*) FILTER (WHERE l.mode = 'ShareLock' AND l.locktype = 'advisory') AS share_entries,
         max(l.mode) FILTER (WHERE NOT l.granted AND l.locktype = 'advisory') AS awaited_mode,
         min(l.waitstart) AS wait_start,
-        count(l.virtualxid) > 0 AS in_transaction{key_columns}
-    FROM pg_catalog.pg_locks AS l
-    GROUP BY l.pid
+        count(l.virtualxid) AS virtualxid_locks{key_columns}
+    FROM pg_catalog.pg_locks AS l{registry_joins}
+    GROUP BY l.pid{group_by_key}
+),
+backend_locks AS (
+    SELECT
+        pid,
+        sum(table_entries)::bigint AS table_entries,
+        sum(advisory_entries)::bigint AS advisory_entries,
+        sum(share_entries)::bigint AS share_entries,
+        max(awaited_mode) AS awaited_mode,
+        min(wait_start) AS wait_start,
+        sum(virtualxid_locks) > 0 AS in_transaction,
+        pg_catalog.json_agg(
+            pg_catalog.json_build_array(key_index, advisory_entries, awaited_mode IS NOT NULL)
+        ) FILTER (WHERE key_index IS NOT NULL AND advisory_entries > 0)
+            AS registered_keys{key_rollup}
+    FROM lock_groups
+    GROUP BY pid
 ),
 totals AS (
     SELECT
@@ -67,6 +90,7 @@ SELECT
     pg_catalog.current_setting('max_wal_senders')::int AS max_wal_senders,
     pg_catalog.current_setting('max_prepared_transactions')::int AS max_prepared_transactions,
     pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats,
+    pg_catalog.current_database() AS current_database,
     (SELECT pg_catalog.json_object_agg(d.datname, d.deadlocks)
        FROM pg_catalog.pg_stat_database AS d
       WHERE d.datname IS NOT NULL) AS deadlocks,
@@ -85,6 +109,25 @@ LEFT JOIN (backend_locks AS b JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b
        ON b.advisory_entries > 0 AND b.pid <> pg_catalog.pg_backend_pid()
 """
 
+_EXACT_KEYS = """exact_keys AS (
+    SELECT * FROM unnest(%(exact_index)s::int[], %(exact_objsubid)s::int2[],
+                         %(exact_classid)s::oid[], %(exact_objid)s::oid[])
+                  AS k(key_index, objsubid, classid, objid)
+),
+"""
+_EXACT_JOIN = """
+    LEFT JOIN exact_keys AS e
+           ON e.objid = l.objid AND e.classid = l.classid AND e.objsubid = l.objsubid
+          AND l.locktype = 'advisory'"""
+_NAMESPACE_KEYS = """namespace_keys AS (
+    SELECT * FROM unnest(%(namespace_index)s::int[], %(namespace_classid)s::oid[])
+                  AS k(key_index, classid)
+),
+"""
+_NAMESPACE_JOIN = f"""
+    LEFT JOIN namespace_keys AS n
+           ON n.classid = l.classid AND l.objsubid = {INT_PAIR_KEY} AND l.locktype = 'advisory'"""
+
 _PACKED_KEY = "(l.classid::bigint << 32) | l.objid::bigint"
 _KEY_COLUMNS = f""",
         min({_PACKED_KEY}) FILTER (WHERE l.granted AND l.objsubid = {BIGINT_KEY}
@@ -95,9 +138,48 @@ _KEY_COLUMNS = f""",
             AS awaited_key,
         min(l.objsubid) FILTER (WHERE NOT l.granted AND l.locktype = 'advisory')
             AS awaited_key_form"""
+_KEY_ROLLUP = """,
+        min(held_bigint_key) AS held_bigint_key,
+        min(held_pair_key) AS held_pair_key,
+        min(awaited_key) AS awaited_key,
+        min(awaited_key_form) AS awaited_key_form"""
 
-COLLECT_SQL = _COLLECT_TEMPLATE.format(key_columns="")
-COLLECT_WITH_KEYS_SQL = _COLLECT_TEMPLATE.format(key_columns=_KEY_COLUMNS)
+
+@functools.cache
+def collect_sql(
+    *, exact_keys: bool = False, namespaces: bool = False, with_keys: bool = False
+) -> str:
+    """The collection statement for a registry with these kinds of keys.
+
+    with_keys adds the keys each backend holds and awaits, for the one-shot report.
+    """
+    key_index = {
+        (False, False): "NULL::int",
+        (True, False): "e.key_index",
+        (False, True): "n.key_index",
+        (True, True): "coalesce(e.key_index, n.key_index)",
+    }[exact_keys, namespaces]
+    return _COLLECT_TEMPLATE.format(
+        registry=(_EXACT_KEYS if exact_keys else "") + (_NAMESPACE_KEYS if namespaces else ""),
+        registry_joins=(_EXACT_JOIN if exact_keys else "")
+        + (_NAMESPACE_JOIN if namespaces else ""),
+        key_index=key_index,
+        group_by_key=", 2" if exact_keys or namespaces else "",
+        key_columns=_KEY_COLUMNS if with_keys else "",
+        key_rollup=_KEY_ROLLUP if with_keys else "",
+    )
+
+
+COLLECT_SQL = collect_sql()
+
+
+@dataclass(frozen=True)
+class KeyUse:
+    """What one backend does with one registered key."""
+
+    key_index: int  # position in the registry
+    held: int  # entries granted (a namespace can match several keys)
+    awaited: bool
 
 
 @dataclass(frozen=True)
@@ -115,6 +197,7 @@ class BackendLocks:
     awaited_mode: str | None  # "ExclusiveLock" or "ShareLock" while waiting
     wait_seconds: float | None
     table_entries: int  # all lock types, fast-path locks excluded
+    registered: tuple[KeyUse, ...] = ()
     held_key: AdvisoryKey | None = None  # the lowest key held; only for the report
     awaited_key: AdvisoryKey | None = None  # only for the report
 
@@ -140,6 +223,7 @@ class ServerSnapshot:
     """Everything one collection learnt about one server."""
 
     server_version: str
+    current_database: str
     capacity_settings: CapacitySettings
     can_read_all_stats: bool
     deadlocks: Mapping[str, int]
@@ -167,6 +251,13 @@ def _age(seconds: float | None) -> float | None:
     return None if seconds is None else max(seconds, 0.0)
 
 
+def _key_uses(row: Mapping[str, Any]) -> tuple[KeyUse, ...]:
+    return tuple(
+        KeyUse(index, entries - awaited, awaited)
+        for index, entries, awaited in row["registered_keys"] or ()
+    )
+
+
 def _backend(row: Mapping[str, Any]) -> BackendLocks:
     return BackendLocks(
         pid=row["pid"],
@@ -180,18 +271,25 @@ def _backend(row: Mapping[str, Any]) -> BackendLocks:
         awaited_mode=row["awaited_mode"],
         wait_seconds=_age(row["wait_seconds"]),
         table_entries=row["table_entries"],
+        registered=_key_uses(row),
         held_key=_held_key(row),
         awaited_key=_awaited_key(row),
     )
 
 
-def read_snapshot(conn: psycopg.Connection[Any], *, with_keys: bool = False) -> ServerSnapshot:
+def read_snapshot(
+    conn: psycopg.Connection[Any], registry: Registry = NO_KEYS, *, with_keys: bool = False
+) -> ServerSnapshot:
     """Run the collection statement once and map its rows."""
+    sql = collect_sql(
+        exact_keys=registry.has_exact, namespaces=registry.has_namespaces, with_keys=with_keys
+    )
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(COLLECT_WITH_KEYS_SQL if with_keys else COLLECT_SQL).fetchall()
+        rows = cur.execute(sql, registry.sql_parameters()).fetchall()
     first = rows[0]  # totals always yield one row, with NULL backend columns if none
     return ServerSnapshot(
         server_version=first["server_version"].split()[0],
+        current_database=first["current_database"],
         capacity_settings=CapacitySettings(
             server_version_num=first["server_version_num"],
             max_locks_per_transaction=first["max_locks_per_transaction"],

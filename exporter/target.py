@@ -6,10 +6,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -17,6 +18,7 @@ import psycopg
 from .capacity import MIN_SERVER_VERSION
 from .config import CollectionSettings, TargetConfig, redact
 from .metrics import Sample, server_samples
+from .registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Registry
 from .snapshot import SESSION_SQL, ServerSnapshot, read_snapshot
 
 log = logging.getLogger(__name__)
@@ -34,10 +36,24 @@ class Session:
     conn: psycopg.Connection[Any]
     role: str
     version: int
+    registry: Registry
 
 
-def open_session(conninfo: str, settings: CollectionSettings) -> Session:
-    """Connect the way every collection needs: autocommit, read-only, with timeouts."""
+def _hash_texts(
+    conn: psycopg.Connection[Any], texts: Sequence[str], seeds: Sequence[int]
+) -> list[int]:
+    rows = conn.execute(HASH_TEXTS_SQL, {"texts": list(texts), "seeds": list(seeds)}).fetchall()
+    return [row[0] for row in rows]
+
+
+def open_session(
+    conninfo: str, settings: CollectionSettings, keys: Sequence[KeyConfig] = ()
+) -> Session:
+    """Connect the way every collection needs: autocommit, read-only, with timeouts.
+
+    The key registry is resolved on every new connection: hashtextextended() keys come
+    from the server, whose major version may have changed since the last one.
+    """
     conn = psycopg.connect(
         conninfo,
         autocommit=True,
@@ -66,10 +82,14 @@ def open_session(conninfo: str, settings: CollectionSettings) -> Session:
                 f"PostgreSQL {version // 10000} is not supported: pg-advisory-exporter "
                 "needs PostgreSQL 14 or newer (it reads pg_locks.waitstart)"
             )
+        try:
+            registry = Registry.resolve(keys, partial(_hash_texts, conn))
+        except ValueError as exc:
+            raise CannotCollect(f"key registry: {exc}") from None
     except BaseException:
         conn.close()
         raise
-    return Session(conn, role, version)
+    return Session(conn, role, version, registry)
 
 
 @dataclass(frozen=True)
@@ -127,6 +147,7 @@ class Target:
         self._errors_total = 0
         self._conn: psycopg.Connection[Any] | None = None
         self._role = ""
+        self._registry = NO_KEYS
         self._conninfo = config.dsn
         self._reconnect_at = 0.0
         self._backoff = 0.0
@@ -231,7 +252,7 @@ class Target:
             )
         try:
             conn = self._connection()
-            snapshot = read_snapshot(conn)
+            snapshot = read_snapshot(conn, self._registry)
         except CannotCollect as exc:
             self._drop_connection()
             return self._failed(started, str(exc))
@@ -245,7 +266,11 @@ class Target:
     def _succeeded(self, started: float, snapshot: ServerSnapshot) -> Collection:
         self._check_privilege(snapshot)
         mapped = server_samples(
-            self.name, snapshot, self._rules, self.settings.application_name_limit
+            self.name,
+            snapshot,
+            self._rules,
+            self.settings.application_name_limit,
+            self._registry,
         )
         finished = self._clock()
         return Collection(
@@ -286,9 +311,10 @@ class Target:
             self._conninfo = self.config.conninfo()
         except ValueError as exc:  # the password file cannot be read now
             raise CannotCollect(str(exc)) from None
-        session = open_session(self._conninfo, self.settings)
+        session = open_session(self._conninfo, self.settings, self.config.keys)
         log.info("connected", extra={"target": self.name, "server_version_num": session.version})
         self._role = session.role
+        self._registry = session.registry
         self._conn = session.conn
         return session.conn
 

@@ -123,8 +123,10 @@ class RunningExporter:
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-        request = urllib.request.Request(self.base + path, headers=headers or {})
+    def get(
+        self, path: str, headers: dict[str, str] | None = None, method: str = "GET"
+    ) -> tuple[int, str]:
+        request = urllib.request.Request(self.base + path, headers=headers or {}, method=method)
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, response.read().decode()

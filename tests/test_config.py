@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from exporter.cli import main
-from exporter.config import Overrides, load, parse_duration, read_environment, read_flags
+from exporter.config import Overrides, load, read_environment, read_flags
 from exporter.embedded_postgres import free_port
 from exporter.logs import LogfmtFormatter
+from exporter.schema import parse_duration
 
 DSN = "postgresql://monitor@db.example:5432/postgres"
 

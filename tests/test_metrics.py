@@ -39,6 +39,7 @@ IDLE = BackendLocks(
 def _snapshot(*backends: BackendLocks) -> ServerSnapshot:
     return ServerSnapshot(
         server_version="15.18",
+        current_database="app",
         capacity_settings=SETTINGS,
         can_read_all_stats=True,
         deadlocks={"app": 3},

@@ -8,6 +8,7 @@ from dataclasses import replace
 from test_metrics import IDLE, _snapshot
 
 from exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from exporter.registry import NO_KEYS
 from exporter.report import format_seconds, print_report
 from exporter.snapshot import BackendLocks
 
@@ -15,7 +16,7 @@ from exporter.snapshot import BackendLocks
 def _report(*backends: BackendLocks, privileged: bool = True) -> str:
     out = io.StringIO()
     snapshot = replace(_snapshot(*backends), can_read_all_stats=privileged)
-    print_report("main", "monitor", snapshot, out)
+    print_report("main", "monitor", snapshot, NO_KEYS, out)
     return out.getvalue()
 
 
@@ -50,9 +51,9 @@ def test_waiters_keys_levels_and_missing_grant() -> None:
     assert "(2001, -5) (+2 more)" in holder
     assert holder.endswith("session or transaction")  # pg_locks cannot tell inside a transaction
     outside = next(line for line in text.splitlines() if line.strip().startswith("6 "))
-    assert outside.split()[3:] == ["idle", "unknown", "9", "session"]  # the age is hidden
+    assert outside.split()[3:] == ["idle", "unknown", "9", "-", "session"]  # the age is hidden
     waiting = next(line for line in text.splitlines() if line.strip().startswith("8 "))
-    assert waiting.split()[3:] == ["1m15s", "-1", "share"]
+    assert waiting.split()[3:] == ["1m15s", "-1", "-", "share"]
 
 
 def test_format_seconds() -> None:

@@ -1,0 +1,195 @@
+"""The key registry: names for advisory lock keys, and the form pg_locks shows each key in."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from .keys import BIGINT_KEY, INT_PAIR_KEY
+from .schema import Duration, Strict
+
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+# hashtextextended() is internal to PostgreSQL and has changed between major versions, so
+# the exporter asks the server for it (after every connect) rather than computing it.
+HASH_TEXTS_SQL = """
+SELECT pg_catalog.hashtextextended(t.text, t.seed)
+FROM unnest(%(texts)s::text[], %(seeds)s::bigint[]) WITH ORDINALITY AS t(text, seed, n)
+ORDER BY t.n
+"""
+
+
+class KeyConfig(Strict):
+    """One registered key: its name and exactly one of key, pair, namespace or text."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
+    key: Int64 | None = None
+    pair: tuple[Int32, Int32] | None = None
+    namespace: Int32 | None = None
+    text: str | None = None
+    hash: Literal["md5", "hashtextextended"] | None = None
+    seed: Int64 = 0
+    databases: tuple[str, ...] = ()
+    long_lived: bool = False
+    expect_held: bool = False
+    max_hold: Duration | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> KeyConfig:
+        forms = [f for f in ("key", "pair", "namespace", "text") if getattr(self, f) is not None]
+        if len(forms) != 1:
+            raise ValueError(
+                "give exactly one of key, pair, namespace or text"
+                + (f" (got {', '.join(forms)})" if forms else "")
+            )
+        if (self.text is None) != (self.hash is None):
+            raise ValueError("text and hash go together: hash is md5 or hashtextextended")
+        if self.seed and self.hash != "hashtextextended":
+            raise ValueError("seed only applies to hash: hashtextextended")
+        return self
+
+    def describe(self) -> str:
+        """The key as its entry wrote it, for messages."""
+        if self.key is not None:
+            return f"key {self.key}"
+        if self.pair is not None:
+            return f"pair ({self.pair[0]}, {self.pair[1]})"
+        if self.namespace is not None:
+            return f"namespace {self.namespace}"
+        if self.hash == "md5":
+            return f"md5 of {self.text!r}"
+        return f"hashtextextended({self.text!r}, {self.seed})"
+
+
+def md5_key(text: str) -> int:
+    """`('x' || left(md5(text), 16))::bit(64)::bigint`: documented functions, stable."""
+    value = int(hashlib.md5(text.encode()).hexdigest()[:16], 16)
+    return value - 2**64 if value >= 2**63 else value
+
+
+@dataclass(frozen=True)
+class RegisteredKey:
+    """A registry entry in pg_locks' terms: objsubid, classid and objid (None: any)."""
+
+    config: KeyConfig
+    objsubid: int
+    classid: int  # unsigned, as the oid column holds it
+    objid: int | None  # None for a namespace: every pair whose first int is classid
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def overlaps(self, other: RegisteredKey) -> bool:
+        """Whether some lock would match both entries."""
+        if (self.objsubid, self.classid) != (other.objsubid, other.classid):
+            return False
+        return self.objid is None or other.objid is None or self.objid == other.objid
+
+
+def _unsigned(value: int) -> int:
+    return value & 0xFFFFFFFF
+
+
+def _bigint(config: KeyConfig, value: int) -> RegisteredKey:
+    return RegisteredKey(config, BIGINT_KEY, _unsigned(value >> 32), _unsigned(value))
+
+
+def _locally_resolved(config: KeyConfig) -> RegisteredKey | None:
+    if config.key is not None:
+        return _bigint(config, config.key)
+    if config.pair is not None:
+        first, second = config.pair
+        return RegisteredKey(config, INT_PAIR_KEY, _unsigned(first), _unsigned(second))
+    if config.namespace is not None:
+        return RegisteredKey(config, INT_PAIR_KEY, _unsigned(config.namespace), None)
+    if config.hash == "md5":
+        assert config.text is not None
+        return _bigint(config, md5_key(config.text))
+    return None  # hashtextextended: only the server knows
+
+
+def _clash(a: KeyConfig, b: KeyConfig) -> ValueError:
+    return ValueError(
+        f"keys {a.name!r} ({a.describe()}) and {b.name!r} ({b.describe()}) name the same lock"
+    )
+
+
+def _check_overlaps(keys: Sequence[RegisteredKey]) -> None:
+    for i, first in enumerate(keys):
+        for second in keys[i + 1 :]:
+            if first.overlaps(second):
+                raise _clash(first.config, second.config)
+
+
+def check_configs(configs: Sequence[KeyConfig]) -> None:
+    """Reject a name used twice, or two entries that would match the same lock.
+
+    hashtextextended keys are only known once a server is asked: two with the same text
+    and seed are caught here, a clash with an entry of another form when the target
+    connects (the collection then fails with the same message).
+    """
+    names: dict[str, KeyConfig] = {}
+    texts: dict[tuple[str | None, int], KeyConfig] = {}
+    for config in configs:
+        if names.setdefault(config.name, config) is not config:
+            raise ValueError(f"key name {config.name!r} is used twice")
+        if config.hash == "hashtextextended":
+            first = texts.setdefault((config.text, config.seed), config)
+            if first is not config:
+                raise _clash(first, config)
+    _check_overlaps([key for key in map(_locally_resolved, configs) if key is not None])
+
+
+HashTexts = Callable[[Sequence[str], Sequence[int]], Sequence[int]]
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The resolved registry of one target, in configuration order."""
+
+    keys: tuple[RegisteredKey, ...] = ()
+
+    @classmethod
+    def resolve(cls, configs: Sequence[KeyConfig], hash_texts: HashTexts) -> Registry:
+        """Resolve every entry; `hash_texts` asks the server for hashtextextended values."""
+        server_side = [c for c in configs if c.hash == "hashtextextended"]
+        hashed: Mapping[str, int] = {}
+        if server_side:
+            values = hash_texts([c.text or "" for c in server_side], [c.seed for c in server_side])
+            hashed = {c.name: value for c, value in zip(server_side, values, strict=True)}
+        keys = tuple(_locally_resolved(c) or _bigint(c, hashed[c.name]) for c in configs)
+        _check_overlaps(keys)
+        return cls(keys)
+
+    def sql_parameters(self) -> dict[str, list[Any]]:
+        """The registry as arrays for the collection statement; a key's index is its position."""
+        exact = [(i, k) for i, k in enumerate(self.keys) if k.objid is not None]
+        spaces = [(i, k) for i, k in enumerate(self.keys) if k.objid is None]
+        return {
+            "exact_index": [i for i, _ in exact],
+            "exact_objsubid": [k.objsubid for _, k in exact],
+            "exact_classid": [k.classid for _, k in exact],
+            "exact_objid": [k.objid for _, k in exact],
+            "namespace_index": [i for i, _ in spaces],
+            "namespace_classid": [k.classid for _, k in spaces],
+        }
+
+    @property
+    def has_exact(self) -> bool:
+        return any(k.objid is not None for k in self.keys)
+
+    @property
+    def has_namespaces(self) -> bool:
+        return any(k.objid is None for k in self.keys)
+
+    def names(self) -> Iterable[str]:
+        return (k.name for k in self.keys)
+
+
+NO_KEYS = Registry()

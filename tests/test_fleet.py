@@ -1,0 +1,215 @@
+"""One exporter for a fleet: /probe, concurrent targets, one of them stopped, and reloads."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+import pytest
+import yaml
+from conftest import PG_MAJOR, RunningExporter, Scrape
+
+from exporter.embedded_postgres import EmbeddedPostgres
+
+Session = Callable[..., psycopg.Connection[Any]]
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[list[EmbeddedPostgres]]:
+    """Two servers besides the suite's own: three in all."""
+    servers = [EmbeddedPostgres(major=PG_MAJOR) for _ in range(2)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.cleanup()
+
+
+def _config(targets: dict[str, str], **extra: Any) -> dict[str, Any]:
+    return {
+        "collection": {"min_interval": "1ms", "reconnect_backoff_max": "1s"},
+        "targets": [{"name": name, "dsn": dsn} for name, dsn in targets.items()],
+        **extra,
+    }
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A port that records every connection made to it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.settimeout(0.1)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(sock.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield sock.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    sock.close()
+
+
+def test_probe_serves_one_named_target_and_nothing_else(
+    start_exporter: Callable[..., RunningExporter],
+    monitor_dsn: str,
+    fleet: list[EmbeddedPostgres],
+    listener: tuple[int, list[socket.socket]],
+) -> None:
+    exporter = start_exporter(config=_config({"orders": monitor_dsn, "billing": fleet[0].dsn()}))
+    status, body = exporter.get("/probe?target=billing")
+    assert status == 200
+    probe = Scrape(body)
+    assert probe.label_values("target") == {"billing"}
+    assert probe.value("pg_advisory_up", target="billing") == 1
+    assert probe.find("pg_advisory_exporter_build_info") == []
+
+    port, accepted = listener
+    for bad in (
+        f"host=127.0.0.1 port={port} user=x",
+        f"postgresql://x@127.0.0.1:{port}/x",
+        f"127.0.0.1:{port}",
+        "unknown",
+    ):
+        status, body = exporter.get("/probe?" + urlencode({"target": bad}))
+        assert status == 404, body
+        assert "never a host or a DSN" in body
+        assert "orders, billing" in body
+    assert exporter.get("/probe")[0] == 400
+    assert exporter.get("/probe?target=a&target=b")[0] == 400
+    time.sleep(0.3)
+    assert accepted == [], "the exporter connected to a host given in a URL"
+
+
+@pytest.mark.slow
+def test_a_stopped_server_never_blanks_the_others(
+    start_exporter: Callable[..., RunningExporter],
+    monitor_dsn: str,
+    fleet: list[EmbeddedPostgres],
+    session: Session,
+) -> None:
+    session("on-the-suite-server").execute("SELECT pg_advisory_lock(1)")
+    with psycopg.connect(fleet[1].dsn(), autocommit=True, application_name="on-c") as other:
+        other.execute("SELECT pg_advisory_lock(2)")
+        exporter = start_exporter(
+            config=_config({"a": monitor_dsn, "b": fleet[0].dsn(), "c": fleet[1].dsn()})
+        )
+        before = exporter.scrape()
+        assert {before.value("pg_advisory_up", target=t) for t in "abc"} == {1.0}
+
+        fleet[0].stop("immediate")
+        try:
+            for _ in range(3):
+                started = time.monotonic()
+                during = exporter.scrape()
+                assert time.monotonic() - started < 3.0
+                assert during.value("pg_advisory_up", target="b") == 0
+                assert during.value("pg_advisory_up", target="a") == 1
+                assert during.value("pg_advisory_up", target="c") == 1
+                assert (
+                    during.value(
+                        "pg_advisory_holders", target="a", application_name="on-the-suite-server"
+                    )
+                    == 1
+                )
+                assert during.value("pg_advisory_holders", target="c", application_name="on-c") == 1
+                assert during.find("pg_advisory_lock_table_entries", target="b") == []
+        finally:
+            fleet[0].start()
+        exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="b") == 1, timeout=15)
+
+
+def _backend_pids(server: EmbeddedPostgres) -> list[int]:
+    with server.connect() as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pg-advisory-exporter'"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_reload_adds_removes_and_keeps_unchanged_targets(
+    start_exporter: Callable[..., RunningExporter],
+    monitor_dsn: str,
+    pg: EmbeddedPostgres,
+    fleet: list[EmbeddedPostgres],
+    session: Session,
+) -> None:
+    keys = [{"name": "nightly_billing", "key": 7310001}]
+    exporter = start_exporter(config=_config({"a": monitor_dsn, "b": fleet[0].dsn()}, keys=keys))
+    config_path = next(exporter.log_path.parent.glob(f"config-{exporter.port}.yaml"))
+    session("billing-worker").execute("SELECT pg_advisory_lock(7310001)")
+    before = exporter.scrape()
+    assert before.value("pg_advisory_key_holders", target="a", key="nightly_billing") == 1
+    pids_before = _backend_pids(pg)
+    assert len(pids_before) == 1
+
+    # b is removed, c added, a unchanged; the registry is global, so change it per target:
+    # give b's replacement, c, its own key.
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                **_config({"a": monitor_dsn}, keys=keys),
+                "targets": [
+                    {"name": "a", "dsn": monitor_dsn},
+                    {"name": "c", "dsn": fleet[1].dsn(), "keys": [{"name": "leader", "key": 42,
+                                                                      "expect_held": True}]},
+                ],
+            }
+        )
+    )  # fmt: skip
+    exporter.process.send_signal(signal.SIGHUP)
+    after = exporter.scrape_until(lambda s: s.label_values("target") == {"a", "c"})
+    assert after.value("pg_advisory_key_holders", target="c", key="leader") == 0
+    assert after.value("pg_advisory_key_holders", target="a", key="nightly_billing") == 1
+    # The unchanged target kept its connection (same backend) and its counters.
+    assert _backend_pids(pg) == pids_before
+    assert _backend_pids(fleet[0]) == []  # the removed target's connection is closed
+    assert "configuration reloaded" in exporter.log()
+
+    # An invalid file is refused over HTTP too, and the running configuration stays.
+    config_path.write_text("targets: [{name: a, dsn: 'host=x', oops: 1}]")
+    status, body = exporter.get("/-/reload", method="POST")
+    assert status == 500
+    assert "targets[0].oops: unknown field" in body
+    assert exporter.scrape().label_values("target") == {"a", "c"}
+    assert "reload refused" in exporter.log()
+    assert exporter.get("/-/reload")[0] == 405
+
+
+def test_many_targets_are_collected_at_once(
+    start_exporter: Callable[..., RunningExporter],
+    monitor_dsn: str,
+    fleet: list[EmbeddedPostgres],
+    listener: tuple[int, list[socket.socket]],
+) -> None:
+    port, _ = listener
+    hung = f"host=127.0.0.1 port={port} user=x dbname=x"
+    targets = {"hung-1": hung, "hung-2": hung, "a": monitor_dsn, "b": fleet[0].dsn()}
+    config = _config(targets, max_parallel_collections=4)
+    config["collection"]["connect_timeout"] = "10s"
+    exporter = start_exporter(config=config)
+    started = time.monotonic()
+    status, body = exporter.get("/metrics", {"X-Prometheus-Scrape-Timeout-Seconds": "3"})
+    assert time.monotonic() - started < 3.0
+    assert status == 200
+    scrape = Scrape(body)
+    assert scrape.value("pg_advisory_up", target="a") == 1
+    assert scrape.value("pg_advisory_up", target="b") == 1
+    assert scrape.value("pg_advisory_up", target="hung-1") == 0
+    assert scrape.value("pg_advisory_up", target="hung-2") == 0

@@ -1,0 +1,255 @@
+"""The key registry: entries, their validation, and what a real server says of each key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from conftest import RunningExporter
+from pydantic import ValidationError
+
+from exporter.cli import main
+from exporter.embedded_postgres import EmbeddedPostgres
+from exporter.registry import KeyConfig, check_configs, md5_key
+
+Session = Callable[..., psycopg.Connection[Any]]
+
+# The registry the README documents, from the seed articles.
+REGISTRY = [
+    {"name": "reward_points_cron", "text": "cron:recalc-reward-points", "hash": "hashtextextended",
+     "max_hold": "10m"},
+    {"name": "nightly_billing", "key": 7310001, "max_hold": "2h"},
+    {"name": "billing_nightly_md5", "text": "billing:nightly", "hash": "md5"},
+    {"name": "account_rebalance", "namespace": 2001},
+    {"name": "billing_leader", "key": 42, "databases": ["billing"], "long_lived": True,
+     "expect_held": True},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"name": "a"}, "give exactly one of key, pair, namespace or text"),
+        ({"name": "a", "key": 1, "namespace": 2}, "(got key, namespace)"),
+        ({"name": "a", "text": "x"}, "text and hash go together"),
+        ({"name": "a", "key": 1, "hash": "md5"}, "text and hash go together"),
+        ({"name": "a", "text": "x", "hash": "md5", "seed": 3}, "seed only applies"),
+        ({"name": "a", "key": 2**63}, "less than or equal to"),
+        ({"name": "a", "pair": [1, 2**31]}, "less than or equal to"),
+        ({"name": "has space", "key": 1}, "String should match"),
+    ],
+)
+def test_entry_validation(entry: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        KeyConfig.model_validate(entry)
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ([{"name": "a", "key": 1}, {"name": "a", "key": 2}], "key name 'a' is used twice"),
+        (
+            [{"name": "a", "key": 7310001}, {"name": "b", "key": 7310001}],
+            "keys 'a' (key 7310001) and 'b' (key 7310001) name the same lock",
+        ),
+        (
+            [{"name": "ns", "namespace": 2001}, {"name": "one", "pair": [2001, 5]}],
+            "keys 'ns' (namespace 2001) and 'one' (pair (2001, 5)) name the same lock",
+        ),
+        (
+            [{"name": "t", "text": "billing:nightly", "hash": "md5"},
+             {"name": "k", "key": 883015413106721683}],
+            "keys 't' (md5 of 'billing:nightly') and 'k' (key 883015413106721683)",
+        ),
+        (
+            [{"name": "x", "text": "job", "hash": "hashtextextended"},
+             {"name": "y", "text": "job", "hash": "hashtextextended"}],
+            "keys 'x' (hashtextextended('job', 0)) and 'y' (hashtextextended('job', 0))",
+        ),
+    ],
+)  # fmt: skip
+def test_one_lock_one_name(entries: list[dict[str, Any]], message: str) -> None:
+    configs = [KeyConfig.model_validate(e) for e in entries]
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        check_configs(configs)
+
+
+def test_the_key_spaces_do_not_clash() -> None:
+    check_configs(
+        [
+            KeyConfig(name="big", key=5),
+            KeyConfig(name="pair", pair=(0, 5)),
+            KeyConfig(name="space", namespace=1),
+            KeyConfig(name="other", text="job", hash="hashtextextended", seed=1),
+            KeyConfig(name="same-text", text="job", hash="hashtextextended", seed=2),
+        ]
+    )
+
+
+def test_registry_errors_name_the_entries_in_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    dsn = "host=db"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "keys": [{"name": "leader", "key": 42}],
+                "targets": [{"name": "a", "dsn": dsn, "keys": [{"name": "again", "key": 42}]}],
+            }
+        )
+    )
+    assert main(["--config.file", str(path), "--config.check"]) == 2
+    message = capsys.readouterr().err
+    assert f"{path}: targets[0].keys: keys 'leader' (key 42) and 'again' (key 42)" in message
+    path.write_text(yaml.safe_dump({"keys": [{"name": "x", "key": 1, "colour": "red"}],
+                                    "targets": [{"name": "a", "dsn": dsn}]}))  # fmt: skip
+    assert main(["--config.file", str(path), "--config.check"]) == 2
+    assert f"{path}: keys[0].colour: unknown field" in capsys.readouterr().err
+
+
+def test_md5_keys_are_what_the_server_computes(pg: EmbeddedPostgres) -> None:
+    texts = ["billing:nightly", "cron:recalc-reward-points", "", "caf\u00e9 \u2603", "x" * 500]
+    with pg.connect() as conn:
+        for text in texts:
+            row = conn.execute(
+                "SELECT ('x' || left(md5(%s), 16))::bit(64)::bigint", (text,)
+            ).fetchone()
+            assert row is not None
+            assert md5_key(text) == row[0], text
+
+
+@pytest.fixture
+def exporter(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    monitor_dsn: str,
+) -> RunningExporter:
+    return start_exporter(config={**one_target(monitor_dsn), "keys": REGISTRY})
+
+
+def _key(key: str, datname: str = "postgres") -> dict[str, str]:
+    return {"target": "main", "datname": datname, "key": key}
+
+
+def test_registered_keys_held_awaited_and_timed(
+    exporter: RunningExporter, session: Session
+) -> None:
+    cron = session("reward-points-cron")
+    cron.execute("SELECT pg_advisory_lock(hashtextextended('cron:recalc-reward-points', 0))")
+    billing = session("billing-worker")
+    billing.execute("SELECT pg_advisory_lock(7310001)")
+    billing.execute(
+        "SELECT pg_advisory_lock(('x' || left(md5('billing:nightly'), 16))::bit(64)::bigint)"
+    )
+    rebalancers = [session("rebalancer", autocommit=False) for _ in range(3)]
+    for account, conn in enumerate(rebalancers, start=1):
+        conn.execute("SELECT pg_advisory_xact_lock(2001, %s)", (account,))
+    waiter = session("rebalancer-2", autocommit=False)
+    blocked = threading.Thread(
+        target=waiter.execute, args=("SELECT pg_advisory_xact_lock(2001, 1)",)
+    )
+    blocked.start()
+    try:
+        time.sleep(1.0)
+        scrape = exporter.scrape_until(
+            lambda s: (
+                s.find("pg_advisory_key_waiters", **_key("account_rebalance"))
+                == [(_key("account_rebalance"), 1.0)]
+            )
+        )
+    finally:
+        rebalancers[0].rollback()  # lets the waiter through
+        blocked.join(timeout=10)
+        waiter.rollback()
+    assert scrape.value("pg_advisory_key_holders", **_key("reward_points_cron")) == 1
+    assert scrape.value("pg_advisory_key_hold_seconds", **_key("reward_points_cron")) >= 1.0
+    assert scrape.value("pg_advisory_key_holders", **_key("nightly_billing")) == 1
+    assert scrape.value("pg_advisory_key_holders", **_key("billing_nightly_md5")) == 1
+    # A namespace counts every backend holding some key in it.
+    assert scrape.value("pg_advisory_key_holders", **_key("account_rebalance")) == 3
+    # Limits come as their own series, one per key that has one.
+    assert (
+        scrape.value("pg_advisory_key_max_hold_seconds", target="main", key="nightly_billing")
+        == 7200
+    )
+    assert (
+        scrape.value("pg_advisory_key_max_hold_seconds", target="main", key="reward_points_cron")
+        == 600
+    )
+    assert scrape.find("pg_advisory_key_max_hold_seconds", key="account_rebalance") == []
+
+
+def test_singleton_not_held_exports_zero_and_leader_is_no_leak(
+    exporter: RunningExporter, session: Session
+) -> None:
+    # Nobody holds the leader lock yet: an explicit 0 in its database.
+    scrape = exporter.scrape()
+    assert scrape.value("pg_advisory_key_holders", **_key("billing_leader", "billing")) == 0
+    assert scrape.find("pg_advisory_key_holders", key="billing_leader", datname="postgres") == []
+
+    session("leader-elector", dbname="billing").execute("SELECT pg_advisory_lock(42)")
+    session("leader-elector").execute("SELECT pg_advisory_lock(42)")  # not registered here
+    time.sleep(1.1)
+    scrape = exporter.scrape()
+    assert scrape.value("pg_advisory_key_holders", **_key("billing_leader", "billing")) == 1
+    assert scrape.find("pg_advisory_key_holders", key="billing_leader", datname="postgres") == []
+    leader = {"target": "main", "application_name": "leader-elector"}
+    assert scrape.value("pg_advisory_holders", **leader, datname="billing", state="idle") == 1
+    # Held on purpose: left out of the leak signal. The same app in a database where the
+    # key is not registered as long-lived is an ordinary idle holder.
+    assert scrape.find("pg_advisory_idle_holder_max_seconds", **leader, datname="billing") == []
+    assert (
+        scrape.value(
+            "pg_advisory_idle_holder_max_seconds", **leader, datname="postgres", state="idle"
+        )
+        >= 1.0
+    )
+
+
+def test_check_report_shows_registry_names(
+    tmp_path: Path, monitor_dsn: str, session: Session
+) -> None:
+    session("billing-worker").execute("SELECT pg_advisory_lock(7310001)")
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump({"keys": REGISTRY, "targets": [{"name": "main", "dsn": monitor_dsn}]})
+    )
+    report = subprocess.run(
+        [sys.executable, "-m", "exporter", "check", "--config.file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    holder = next(
+        line for line in report.splitlines() if "'billing-worker'" in line and "7310001" in line
+    )
+    assert "nightly_billing" in holder
+    assert "Registered keys (5)" in report
+    leader = next(line for line in report.splitlines() if line.strip().startswith("billing_leader"))
+    assert leader.split()[1:4] == ["billing", "0", "0"]
+
+
+def test_a_server_side_hash_clash_is_reported_by_name(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    monitor_dsn: str,
+) -> None:
+    keys = [
+        {"name": "cron", "text": "cron:recalc-reward-points", "hash": "hashtextextended"},
+        {"name": "literal", "key": 6110350855857795459},  # the same key, spelled out
+    ]
+    exporter = start_exporter(config={**one_target(monitor_dsn), "keys": keys})
+    assert exporter.scrape().value("pg_advisory_up", target="main") == 0
+    assert "keys 'cron' (hashtextextended('cron:recalc-reward-points', 0)) and 'literal'" in (
+        exporter.log()
+    )
