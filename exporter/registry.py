@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -187,9 +187,6 @@ class Registry:
     @property
     def has_namespaces(self) -> bool:
         return any(k.objid is None for k in self.keys)
-
-    def names(self) -> Iterable[str]:
-        return (k.name for k in self.keys)
 
 
 NO_KEYS = Registry()

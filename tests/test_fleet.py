@@ -191,6 +191,16 @@ def test_reload_adds_removes_and_keeps_unchanged_targets(
     assert "reload refused" in exporter.log()
     assert exporter.get("/-/reload")[0] == 405
 
+    # A changed registry takes effect on the next collection of that target.
+    config_path.write_text(
+        yaml.safe_dump(_config({"a": monitor_dsn}, keys=[{"name": "billing", "key": 7310001}]))
+    )
+    assert exporter.get("/-/reload", method="POST") == (200, "reloaded\n")
+    renamed = exporter.scrape()
+    assert renamed.value("pg_advisory_key_holders", target="a", key="billing") == 1
+    assert renamed.find("pg_advisory_key_holders", key="nightly_billing") == []
+    assert renamed.label_values("target") == {"a"}
+
 
 def test_many_targets_are_collected_at_once(
     start_exporter: Callable[..., RunningExporter],
