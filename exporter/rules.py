@@ -1,0 +1,297 @@
+"""The alert rules, generated from thresholds: the shipped file and anyone's tuned copy."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from .config import ConfigError, describe_error, location
+from .schema import Duration, Strict
+
+RUNBOOK_URL = (
+    "https://github.com/pg-advisory-exporter/pg-advisory-exporter/blob/main/docs/runbook.md"
+)
+GROUP_NAME = "pg-advisory-exporter"
+# Alertmanager inhibits every other alert of the exporter while this one fires.
+EXPORTER_DOWN = "PgAdvisoryExporterDown"
+
+
+class Thresholds(Strict):
+    """Every tunable of the rules; `pg-advisory-exporter rules --set NAME=VALUE` sets one."""
+
+    leaked_lock_after: Duration = Field(900, description="idle time of a holder that pages")
+    leaked_lock_for: Duration = Field(120, description="how long it must last")
+    wait_after: Duration = Field(300, description="a wait this long warns")
+    wait_for: Duration = Field(60, description="how long it must last")
+    waiters: int = Field(10, ge=1, description="waiters of one application that warn")
+    waiters_for: Duration = Field(300, description="how long they must pile up")
+    lock_table_warning: float = Field(0.6, gt=0, le=1, description="share of capacity")
+    lock_table_critical: float = Field(0.8, gt=0, le=1, description="share of capacity")
+    lock_table_for: Duration = Field(120, description="how long the table must stay that full")
+    backend_lock_budget: float = Field(
+        1.0, gt=0, description="advisory locks of one backend, in max_locks_per_transaction"
+    )
+    backend_lock_budget_for: Duration = Field(300, description="how long it must last")
+    deadlocks: int = Field(0, ge=0, description="more deadlocks than this in the window warn")
+    deadlocks_window: Duration = Field(600, description="the window")
+    target_down_for: Duration = Field(300, description="a server unreadable this long pages")
+    exporter_down_for: Duration = Field(300, description="the exporter unscrapable this long")
+    key_not_held_for: Duration = Field(120, description="an expect_held key without holder")
+    key_held_too_long_for: Duration = Field(60, description="a key over its max_hold")
+    exporter_job: str = Field(
+        "pg-advisory-exporter", description="the Prometheus job that scrapes the exporter"
+    )
+    selector: str = Field(
+        "", description='extra matchers for every series, e.g. cluster="eu-1"', pattern=r"^[^{}]*$"
+    )
+    runbook_url: str = Field(RUNBOOK_URL, description="the runbook's address; #alertname is added")
+
+
+def prometheus_duration(seconds: float) -> str:
+    """900 -> "15m", 90 -> "1m30s", 0.5 -> "500ms": the form `for` and ranges take."""
+    milliseconds = round(seconds * 1000)
+    if milliseconds == 0:
+        return "0s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        count, milliseconds = divmod(milliseconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if milliseconds:
+        parts.append(f"{milliseconds}ms")
+    return "".join(parts)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class _Rules:
+    t: Thresholds
+
+    def sel(self, metric: str, matchers: str = "") -> str:
+        joined = ", ".join(m for m in (matchers, self.t.selector) if m)
+        return f"{metric}{{{joined}}}" if joined else metric
+
+    def alert(
+        self,
+        name: str,
+        expr: str,
+        *,
+        for_: float,
+        severity: str,
+        summary: str,
+        description: str,
+    ) -> dict[str, Any]:
+        return {
+            "alert": name,
+            "expr": expr,
+            "for": prometheus_duration(for_),
+            "labels": {"severity": severity},
+            "annotations": {
+                "summary": summary,
+                "description": description,
+                "runbook_url": f"{self.t.runbook_url}#{name.lower()}",
+            },
+        }
+
+    def all(self) -> list[dict[str, Any]]:
+        t, th, d = self, self.t, prometheus_duration
+        # Prometheus labels every alert with the series' own labels; `where` names them.
+        where = "in database {{ $labels.datname }} on {{ $labels.target }}"
+        app = "{{ $labels.application_name }}"
+        value, age = "{{ $value }}", "{{ $value | humanizeDuration }}"
+        lock_table = [
+            t.alert(
+                "PgLockTableNearlyFull",
+                f"{t.sel('pg_advisory_lock_table_entries')} "
+                f"/ {t.sel('pg_advisory_lock_table_capacity')} > {_number(share)}",
+                for_=th.lock_table_for,
+                severity=severity,
+                summary="The lock table of {{ $labels.target }} is "
+                "{{ $value | humanizePercentage }} full",
+                description="The shared lock table of {{ $labels.target }} holds "
+                "{{ $value | humanizePercentage }} of its nominal capacity. When it is full, "
+                "no session can take any lock (ERROR: out of shared memory). "
+                f"Threshold {share:.0%}.",
+            )
+            for severity, share in (
+                ("warning", th.lock_table_warning),
+                ("critical", th.lock_table_critical),
+            )
+        ]
+        return [
+            t.alert(
+                "PgAdvisoryLockLeaked",
+                "max by (job, instance, target, datname, application_name, state) "
+                f"({t.sel('pg_advisory_idle_holder_max_seconds')}) "
+                f"> {_number(th.leaked_lock_after)}",
+                for_=th.leaked_lock_for,
+                severity="critical",
+                summary=f"A session of {app} holds an advisory lock while {{{{ $labels.state }}}}",
+                description=f"A backend of {app} {where} has held an advisory lock while "
+                f"{{{{ $labels.state }}}} for {age}: most likely a leaked lock, which "
+                "stops every later run that needs it. Threshold "
+                f"{d(th.leaked_lock_after)}.",
+            ),
+            t.alert(
+                "PgAdvisoryLockWaitTooLong",
+                f"{t.sel('pg_advisory_wait_max_seconds')} > {_number(th.wait_after)}",
+                for_=th.wait_for,
+                severity="warning",
+                summary=f"{app} has waited {age} for an advisory lock",
+                description=f"A backend of {app} {where} has been waiting for an advisory "
+                f"lock for {age}; its holder may be stuck. Threshold {d(th.wait_after)}.",
+            ),
+            t.alert(
+                "PgAdvisoryLockWaitersPiling",
+                "sum by (job, instance, target, datname, application_name) "
+                f"({t.sel('pg_advisory_waiters')}) > {th.waiters}",
+                for_=th.waiters_for,
+                severity="warning",
+                summary=f"{value} backends of {app} wait for advisory locks",
+                description=f"{value} backends of {app} {where} are waiting for advisory "
+                f"locks, more than {th.waiters} for {d(th.waiters_for)}: work queues up "
+                "behind one holder.",
+            ),
+            *lock_table,
+            t.alert(
+                "PgAdvisoryBackendOverLockBudget",
+                f"{t.sel('pg_advisory_backend_locks_max')} > on (job, instance, target) "
+                f"group_left () ({_number(th.backend_lock_budget)} * "
+                f"{t.sel('pg_advisory_max_locks_per_transaction')})",
+                for_=th.backend_lock_budget_for,
+                severity="warning",
+                summary=f"A backend of {app} holds {value} advisory locks",
+                description=f"A backend of {app} {where} holds {value} advisory locks, "
+                f"more than {_number(th.backend_lock_budget)} x max_locks_per_transaction, "
+                "the average lock budget of a backend: a lock per row instead of per batch "
+                "fills the lock table.",
+            ),
+            t.alert(
+                "PgAdvisoryDeadlocks",
+                f"increase({t.sel('pg_advisory_deadlocks_total')}"
+                f"[{d(th.deadlocks_window)}]) > {th.deadlocks}",
+                for_=0,
+                severity="warning",
+                summary="Deadlocks in database {{ $labels.datname }} on {{ $labels.target }}",
+                description="{{ $value | humanize }} deadlocks in database "
+                "{{ $labels.datname }} on {{ $labels.target }} in the last "
+                f"{d(th.deadlocks_window)}: sessions take the same locks in different "
+                "orders.",
+            ),
+            t.alert(
+                "PgAdvisoryTargetDown",
+                f"{t.sel('pg_advisory_up')} == 0",
+                for_=th.target_down_for,
+                severity="critical",
+                summary="The exporter cannot read {{ $labels.target }}",
+                description="pg-advisory-exporter has failed to collect from "
+                f"{{{{ $labels.target }}}} for {d(th.target_down_for)}: leaked locks and a "
+                "full lock table there go unseen. Its log says why.",
+            ),
+            t.alert(
+                EXPORTER_DOWN,
+                f"{t.sel('up', f'job={json.dumps(th.exporter_job)}')} == 0",
+                for_=th.exporter_down_for,
+                severity="critical",
+                summary="pg-advisory-exporter {{ $labels.instance }} cannot be scraped",
+                description="Prometheus has failed to scrape pg-advisory-exporter at "
+                f"{{{{ $labels.instance }}}} for {d(th.exporter_down_for)}: no advisory "
+                "lock alert can fire for its targets until it is back.",
+            ),
+            t.alert(
+                "PgAdvisoryKeyNotHeld",
+                f"{t.sel('pg_advisory_key_holders')} == 0",
+                for_=th.key_not_held_for,
+                severity="critical",
+                summary="Nobody holds {{ $labels.key }} in {{ $labels.datname }} on "
+                "{{ $labels.target }}",
+                description="The registered key {{ $labels.key }} is expected to be held "
+                f"at all times (a leader or singleton lock), but no backend {where} has "
+                f"held it for {d(th.key_not_held_for)}.",
+            ),
+            t.alert(
+                "PgAdvisoryKeyHeldTooLong",
+                f"{t.sel('pg_advisory_key_hold_seconds')} > on (job, instance, target, key) "
+                f"group_left () {t.sel('pg_advisory_key_max_hold_seconds')}",
+                for_=th.key_held_too_long_for,
+                severity="warning",
+                summary=f"{{{{ $labels.key }}}} has been held for {age}",
+                description="A holder of the registered key {{ $labels.key }} "
+                f"{where} has been in its current state for {age}, longer than the "
+                "key's max_hold.",
+            ),
+        ]
+
+
+def rule_groups(thresholds: Thresholds) -> dict[str, Any]:
+    """A Prometheus rule file's content."""
+    return {"groups": [{"name": GROUP_NAME, "rules": _Rules(thresholds).all()}]}
+
+
+def prometheus_rule(
+    thresholds: Thresholds, name: str, namespace: str | None, labels: dict[str, str]
+) -> dict[str, Any]:
+    """The same rules as a prometheus-operator PrometheusRule."""
+    metadata: dict[str, Any] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    if labels:
+        metadata["labels"] = labels
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": metadata,
+        "spec": rule_groups(thresholds),
+    }
+
+
+HEADER = (
+    "# Generated by `pg-advisory-exporter rules{args}`; do not edit: "
+    "regenerate with your thresholds instead.\n"
+)
+
+
+def dump(document: dict[str, Any], command_args: str = "") -> str:
+    # No line folding: a template split inside {{ }} is valid YAML but hard to read.
+    body = yaml.safe_dump(document, sort_keys=False, width=10_000, allow_unicode=True)
+    return HEADER.format(args=command_args) + body
+
+
+def thresholds_from(file: Path | None, settings: Sequence[str]) -> Thresholds:
+    """Thresholds from a YAML file of overrides, then NAME=VALUE settings over it."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{file}: cannot read the thresholds: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{file}: expected a mapping of threshold names to values")
+        try:
+            values = Thresholds.model_validate(loaded).model_dump(exclude_unset=True)
+        except ValidationError as exc:
+            raise ConfigError(
+                "\n".join(
+                    f"{file}: {location(e['loc'])}: {describe_error(e)}" for e in exc.errors()
+                )
+            ) from None
+    for setting in settings:
+        name, sep, value = setting.partition("=")
+        if not sep:
+            raise ConfigError(f"flag --set {setting}: expected NAME=VALUE")
+        try:
+            Thresholds.model_validate({**values, name: value})
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            raise ConfigError(f"flag --set {name}: {describe_error(error)}") from None
+        values[name] = value
+    return Thresholds.model_validate(values)

@@ -1,0 +1,186 @@
+"""A leaked lock pages: real PostgreSQL, exporter, Prometheus, Alertmanager and a webhook."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from conftest import RunningExporter
+
+from exporter.embedded_postgres import free_port
+
+ROOT = Path(__file__).parent.parent
+ARRIVES_WITHIN = 60.0
+
+
+@dataclass
+class Webhook:
+    """Alertmanager's webhook receiver: keeps every alert it is sent."""
+
+    port: int
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    arrived: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_for(self, alertname: str, status: str) -> dict[str, Any]:
+        deadline = time.monotonic() + ARRIVES_WITHIN
+        with self.arrived:
+            while True:
+                for alert in self.alerts:
+                    if alert["labels"]["alertname"] == alertname and alert["status"] == status:
+                        return alert
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    pytest.fail(f"no {status} {alertname} within {ARRIVES_WITHIN}s: {self.alerts}")
+                self.arrived.wait(remaining)
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook(free_port())
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with hook.arrived:
+                hook.alerts.extend(body["alerts"])
+                hook.arrived.notify_all()
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", hook.port), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield hook
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def start_service(tmp_path: Path) -> Iterator[Callable[..., int]]:
+    """Start a Debian-packaged server on 127.0.0.1; it is stopped when the test ends."""
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(binary: str, *args: str, ready_path: str) -> int:
+        path = shutil.which(binary)
+        assert path, f"{binary} is not installed (the test command installs it)"
+        port = free_port()
+        log = (tmp_path / f"{binary}.log").open("wb")
+        process = subprocess.Popen(
+            [path, f"--web.listen-address=127.0.0.1:{port}", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+        processes.append(process)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2)
+                return port
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        f"{binary} did not start:\n{(tmp_path / f'{binary}.log').read_text()}"
+                    )
+                time.sleep(0.2)
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+def _alertmanager_config(webhook: Webhook) -> dict[str, Any]:
+    """The README's example configuration, pointed at the test's webhook, with short waits."""
+    config: dict[str, Any] = yaml.safe_load((ROOT / "docs" / "alertmanager.yml").read_text())
+    config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
+    config["receivers"][0]["webhook_configs"][0]["url"] = f"http://127.0.0.1:{webhook.port}/"
+    return config
+
+
+@pytest.mark.slow
+def test_a_leaked_lock_pages_and_resolves(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    monitor_dsn: str,
+    pg: Any,
+    webhook: Webhook,
+    start_service: Callable[..., int],
+    tmp_path: Path,
+) -> None:
+    exporter = start_exporter(config=one_target(monitor_dsn, name="orders"))
+
+    # The documented tuning: the generator with lowered thresholds.
+    rules = tmp_path / "rules.yml"
+    rules.write_text(
+        subprocess.run(
+            [sys.executable, "-m", "exporter",
+             "rules", "--set", "leaked_lock_after=2s", "--set", "leaked_lock_for=1s",
+             "--set", "exporter_job=pg-advisory"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(_alertmanager_config(webhook)))
+    alertmanager = start_service(
+        "prometheus-alertmanager",
+        "--config.file=alertmanager.yml",
+        "--storage.path=alertmanager-data",
+        "--cluster.listen-address=",  # no gossip port on all interfaces
+        ready_path="/-/ready",
+    )
+    prometheus_config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "alerting": {
+            "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager}"]}]}]
+        },
+        "scrape_configs": [
+            {
+                "job_name": "pg-advisory",
+                "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
+            }
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config))
+    start_service(
+        "prometheus",
+        "--config.file=prometheus.yml",
+        "--storage.tsdb.path=prometheus-data",
+        ready_path="/-/ready",
+    )
+
+    with psycopg.connect(pg.dsn(), autocommit=True, application_name="billing-worker") as leaked:
+        leaked.execute("SELECT pg_advisory_lock(7310001)")
+        firing = webhook.wait_for("PgAdvisoryLockLeaked", "firing")
+        labels = firing["labels"]
+        assert (labels["target"], labels["datname"], labels["application_name"]) == (
+            "orders",
+            "postgres",
+            "billing-worker",
+        )
+        assert labels["severity"] == "critical"
+        assert (
+            "billing-worker in database postgres on orders"
+            in (firing["annotations"]["description"])
+        )
+        assert firing["annotations"]["runbook_url"].endswith("#pgadvisorylockleaked")
+        leaked.execute("SELECT pg_advisory_unlock(7310001)")
+    resolved = webhook.wait_for("PgAdvisoryLockLeaked", "resolved")
+    assert resolved["labels"]["application_name"] == "billing-worker"
