@@ -38,11 +38,13 @@ unit: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/python -m benchmarks.collection_cost
 
-# The shipped alert rules, from the thresholds' defaults; the tests fail when these are stale.
+# The shipped alert rules, from the thresholds' defaults, and the Grafana dashboard; the tests
+# fail when these are stale.
 generate: $(INSTALLED)
 	$(BIN)/pg-advisory-exporter rules > alerts/pg-advisory-exporter.rules.yml
 	$(BIN)/pg-advisory-exporter rules --format prometheusrule \
 	  --label app.kubernetes.io/name=pg-advisory-exporter > deploy/prometheusrule.yaml
+	$(BIN)/python -m grafana.dashboard > grafana/pg-advisory-exporter.json
 
 # Debian's Prometheus, promtool, Alertmanager and amtool run in the tests. PostgreSQL server
 # binaries need no step here: the suite uses the machine's own or downloads the

@@ -6,7 +6,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -126,26 +126,24 @@ class Target:
     Prometheus replicas and dashboards cause at most one read of pg_locks per interval.
     """
 
-    def __init__(
-        self,
-        config: TargetConfig,
-        executor: Executor,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, config: TargetConfig, executor: Executor) -> None:
         assert config.collection is not None
         self.name = config.name
         self.config = config
         self.settings = config.collection
         self._executor = executor
-        self._clock = clock
         self._rules = [rule.rule() for rule in self.settings.application_name_rewrites]
-        self._state = threading.Lock()  # guards everything below
+        self._min_interval = self.settings.min_interval
+        # Shared between scrapes and the collection; guarded by _state.
+        self._state = threading.Lock()
         self._running: Future[Collection] | None = None
         self._last: Collection | None = None
         self._last_success_unix: float | None = None
         self._last_collection_unix: float | None = None
         self._errors_total = 0
         self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        # Used by the collection only, and collections of one target never overlap.
         self._role = ""
         self._registry = NO_KEYS
         self._conninfo = config.dsn
@@ -159,7 +157,7 @@ class Target:
         """The last collection if it is recent enough, else the running (or a new) one."""
         with self._state:
             last = self._last
-            if last is not None and self._clock() - last.finished_at < self.settings.min_interval:
+            if last is not None and time.monotonic() - last.finished_at < self._min_interval:
                 return last
             if self._running is None:
                 self._running = self._executor.submit(self._collect)
@@ -175,7 +173,7 @@ class Target:
                     "collection is slower than the scrape allows; reporting the target down",
                     extra={"target": self.name, "waited_seconds": round(wait, 3)},
                 )
-                collection = Collection(self._clock(), wait, error="collection timed out")
+                collection = Collection(time.monotonic(), wait, error="collection timed out")
         else:
             collection = pending
         return self._with_exporter_series(collection)
@@ -221,7 +219,9 @@ class Target:
             )
 
     def close(self) -> None:
+        """Close the connection; a collection still running drops the one it opens."""
         with self._state:
+            self._closed = True
             conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
@@ -229,7 +229,7 @@ class Target:
     # -- collection (one at a time, on the executor) ---------------------------------------
 
     def _collect(self) -> Collection:
-        started = self._clock()
+        started = time.monotonic()
         try:
             collection = self._read(started)
         except Exception:  # never let one target's bug take the exporter down
@@ -272,7 +272,7 @@ class Target:
             self.settings.application_name_limit,
             self._registry,
         )
-        finished = self._clock()
+        finished = time.monotonic()
         return Collection(
             finished_at=finished,
             duration=finished - started,
@@ -285,7 +285,7 @@ class Target:
         with self._state:
             self._errors_total += 1
         log.error("collection failed", extra={"target": self.name, "error": error})
-        finished = self._clock()
+        finished = time.monotonic()
         return Collection(finished, finished - started, error=error)
 
     def _check_privilege(self, snapshot: ServerSnapshot) -> None:
@@ -306,16 +306,20 @@ class Target:
         self._backoff = min(
             max(self._backoff * 2, _FIRST_BACKOFF), self.settings.reconnect_backoff_max
         )
-        self._reconnect_at = self._clock() + self._backoff
+        self._reconnect_at = time.monotonic() + self._backoff
         try:
             self._conninfo = self.config.conninfo()
         except ValueError as exc:  # the password file cannot be read now
             raise CannotCollect(str(exc)) from None
         session = open_session(self._conninfo, self.settings, self.config.keys)
+        with self._state:
+            if self._closed:  # removed by a reload while connecting
+                session.conn.close()
+                raise CannotCollect("the target was removed from the configuration")
+            self._conn = session.conn
         log.info("connected", extra={"target": self.name, "server_version_num": session.version})
         self._role = session.role
         self._registry = session.registry
-        self._conn = session.conn
         return session.conn
 
     def _drop_connection(self) -> None:

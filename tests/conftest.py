@@ -1,8 +1,10 @@
-"""Fixtures: a real PostgreSQL started by the suite, real sessions, the real exporter."""
+"""Fixtures: a real PostgreSQL started by the suite, real sessions, the real exporter, and
+Debian-packaged Prometheus and Alertmanager."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -215,3 +217,38 @@ def one_target() -> Callable[..., dict[str, Any]]:
         }
 
     return config
+
+
+@pytest.fixture
+def start_service(tmp_path: Path) -> Iterator[Callable[..., int]]:
+    """Start a Debian-packaged server on 127.0.0.1; it is stopped when the test ends."""
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(binary: str, *args: str, ready_path: str) -> int:
+        path = shutil.which(binary)
+        assert path, f"{binary} is not installed (the test command installs it)"
+        port = free_port()
+        log = (tmp_path / f"{binary}.log").open("wb")
+        process = subprocess.Popen(
+            [path, f"--web.listen-address=127.0.0.1:{port}", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+        processes.append(process)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2)
+                return port
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        f"{binary} did not start:\n{(tmp_path / f'{binary}.log').read_text()}"
+                    )
+                time.sleep(0.2)
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=15)

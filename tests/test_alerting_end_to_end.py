@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,41 +67,6 @@ def webhook() -> Iterator[Webhook]:
     yield hook
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture
-def start_service(tmp_path: Path) -> Iterator[Callable[..., int]]:
-    """Start a Debian-packaged server on 127.0.0.1; it is stopped when the test ends."""
-    processes: list[subprocess.Popen[bytes]] = []
-
-    def start(binary: str, *args: str, ready_path: str) -> int:
-        path = shutil.which(binary)
-        assert path, f"{binary} is not installed (the test command installs it)"
-        port = free_port()
-        log = (tmp_path / f"{binary}.log").open("wb")
-        process = subprocess.Popen(
-            [path, f"--web.listen-address=127.0.0.1:{port}", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,
-        )
-        processes.append(process)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2)
-                return port
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(
-                        f"{binary} did not start:\n{(tmp_path / f'{binary}.log').read_text()}"
-                    )
-                time.sleep(0.2)
-
-    yield start
-    for process in processes:
-        process.terminate()
-        process.wait(timeout=15)
 
 
 def _alertmanager_config(webhook: Webhook) -> dict[str, Any]:

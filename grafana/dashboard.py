@@ -1,0 +1,558 @@
+"""The Grafana dashboard, built with grafana-foundation-sdk (Grafana 11.6 schema).
+
+`python -m grafana.dashboard` prints its JSON; `make generate` writes it to
+grafana/pg-advisory-exporter.json. The series and labels come from the metric contract
+(exporter.metrics.SPECS) and the threshold lines from the alert rules' defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_model
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from exporter.metrics import SPECS
+from exporter.rules import RUNBOOK_URL, Thresholds, prometheus_duration
+
+UID = "pg-advisory-locks"
+TITLE = "PostgreSQL advisory locks"
+TAGS = ["postgresql", "advisory-locks", "pg-advisory-exporter"]
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+# The query variables, each narrowed by those before it: name, label, the series it lists.
+VARIABLES = (
+    ("job", "Job", "pg_advisory_up"),
+    ("target", "Target", "pg_advisory_up"),
+    ("datname", "Database", "pg_advisory_deadlocks_total"),
+    ("application_name", "Application", "pg_advisory_locks"),
+)
+# The shipped alert rules' thresholds, drawn where a panel shows what an alert watches.
+ALERTS = Thresholds()
+GROUP = "target, datname, application_name"
+IN_DATABASE = "{{datname}} on {{target}}"
+OF_APPLICATION = "{{application_name}} in " + IN_DATABASE
+PanelBuilder = cogbuilder.Builder[model.Panel]
+T = TypeVar("T")
+
+
+def sel(metric: str, **matchers: str) -> str:
+    """The metric filtered by each variable whose label it has (all have `job`), and `matchers`."""
+    labels = ("job", *SPECS[metric].labels)
+    filters = [f'{name}=~"${name}"' for name, _, _ in VARIABLES if name in labels]
+    filters += [f'{label}="{value}"' for label, value in matchers.items()]
+    return f"{metric}{{{', '.join(filters)}}}"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+def _lettered(items: Sequence[T]) -> list[tuple[str, T]]:
+    """Each item with its query's refId: A, B, C..."""
+    return list(zip(string.ascii_uppercase, items, strict=False))
+
+
+def _target(ref_id: str, query: Query) -> prometheus.Dataquery:
+    return (
+        prometheus.Dataquery()
+        .ref_id(ref_id)
+        .datasource(DATASOURCE)
+        .expr(query.expr)
+        .legend_format(query.legend)
+        .range()
+    )
+
+
+def _thresholds(*steps: tuple[float, str]) -> dashboard.ThresholdsConfig:
+    """Green below the first step; each (value, colour) from its value up."""
+    return (
+        dashboard.ThresholdsConfig()
+        .mode(model.ThresholdsMode.ABSOLUTE)
+        .steps(
+            [
+                model.Threshold(value=None, color="green"),
+                *(model.Threshold(value=value, color=color) for value, color in steps),
+            ]
+        )
+    )
+
+
+def _stat(
+    title: str,
+    description: str,
+    unit: str,
+    query: Query,
+    *steps: tuple[float, str],
+    no_value: str = "No data",
+) -> stat.Panel:
+    """One number, its last value over the time range, coloured by `steps`."""
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(DATASOURCE)
+        .with_target(_target("A", query))
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]))
+        .graph_mode(common_model.BigValueGraphMode.AREA)
+        .thresholds(_thresholds(*steps))
+        .no_value(no_value)
+        .span(4)
+        .height(4)
+    )
+
+
+def _timeseries(
+    title: str,
+    description: str,
+    unit: str,
+    queries: Sequence[Query],
+    *,
+    limit: float | None = None,
+    width: int = 12,
+) -> timeseries.Panel:
+    """A graph of `queries`; `limit` is an alert's threshold, drawn as a red line."""
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(DATASOURCE)
+        .targets([_target(ref_id, query) for ref_id, query in _lettered(queries)])
+        .legend(
+            common.VizLegendOptions()
+            .show_legend(True)
+            .display_mode(common_model.LegendDisplayMode.TABLE)
+            .placement(common_model.LegendPlacement.BOTTOM)
+            .calcs(["lastNotNull", "max"])
+        )
+        .tooltip(
+            common.VizTooltipOptions()
+            .mode(common_model.TooltipDisplayMode.MULTI)
+            .sort(common_model.SortOrder.DESCENDING)
+        )
+        .min(0)
+        .span(width)
+        .height(8)
+    )
+    if limit is not None:
+        panel.thresholds(_thresholds((limit, "red"))).thresholds_style(
+            common.GraphThresholdsStyleConfig().mode(common_model.GraphThresholdsStyleMode.LINE)
+        )
+    return panel
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    unit: str
+    expr: str
+
+
+def _table(
+    title: str, description: str, keys: Sequence[str], columns: Sequence[Column], sort_by: str
+) -> table.Panel:
+    """One row per combination of the `keys` labels, one column per instant query."""
+    lettered = _lettered(columns)
+    panel = (
+        table.Panel()
+        .title(title)
+        .description(description)
+        .unit("short")
+        .datasource(DATASOURCE)
+        .targets(
+            [
+                prometheus.Dataquery()
+                .ref_id(ref_id)
+                .datasource(DATASOURCE)
+                .expr(column.expr)
+                .format(PromQueryFormat.TABLE)
+                .instant()
+                for ref_id, column in lettered
+            ]
+        )
+        .with_transformation(model.DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(
+            model.DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True},
+                    "indexByName": {
+                        name: index
+                        for index, name in enumerate([*keys, *(c.name for c in columns)])
+                    },
+                    "renameByName": {
+                        f"Value #{ref_id}": column.name for ref_id, column in lettered
+                    },
+                },
+            )
+        )
+        .sort_by([common.TableSortByFieldState().display_name(sort_by).desc(True)])
+        .span(24)
+        .height(8)
+    )
+    for column in columns:
+        panel.override_by_name(
+            column.name, [model.DynamicConfigValue(id_val="unit", value=column.unit)]
+        )
+    return panel
+
+
+def _overview() -> list[PanelBuilder]:
+    leaked_after = prometheus_duration(ALERTS.leaked_lock_after)
+    return [
+        _stat(
+            "Targets up",
+            "PostgreSQL servers the exporter read successfully at its last collection. No data "
+            "means Prometheus does not scrape the exporter: check its pod and scrape job.",
+            "short",
+            Query(f"sum({sel('pg_advisory_up')})", "up"),
+        ),
+        _stat(
+            "Targets down",
+            "Servers the exporter cannot read (refused, login failed, timed out); every panel "
+            "below is blind to them. The exporter's log says why; PgAdvisoryTargetDown pages "
+            f"after {prometheus_duration(ALERTS.target_down_for)}.",
+            "short",
+            Query(f"sum(1 - {sel('pg_advisory_up')})", "down"),
+            (1, "red"),
+        ),
+        _stat(
+            f"Holders idle > {leaked_after}",
+            "Applications (per database and state) with a session that has held an advisory "
+            f"lock while idle for more than {leaked_after}, what PgAdvisoryLockLeaked pages on: "
+            "most likely a leaked lock. The runbook's SQL finds the session to end.",
+            "short",
+            Query(
+                f"sum({sel('pg_advisory_idle_holder_max_seconds')} "
+                f"> bool {ALERTS.leaked_lock_after:g})",
+                "applications",
+            ),
+            (1, "red"),
+            no_value="0",
+        ),
+        _stat(
+            "Waiters",
+            "Sessions waiting for an advisory lock now. A few for a moment is normal; a steady "
+            "number means work queues behind one holder: see Longest wait by application.",
+            "short",
+            Query(f"sum({sel('pg_advisory_waiters')})", "waiters"),
+            (ALERTS.waiters, "orange"),
+            no_value="0",
+        ),
+        _stat(
+            "Longest wait",
+            "The longest any session has been waiting for an advisory lock. Past "
+            f"{prometheus_duration(ALERTS.wait_after)} PgAdvisoryLockWaitTooLong warns: its "
+            "holder may be stuck or leaked.",
+            "s",
+            Query(f"max({sel('pg_advisory_wait_max_seconds')})", "longest wait"),
+            (ALERTS.wait_after, "orange"),
+            no_value="0",
+        ),
+        _stat(
+            "Lock table use",
+            "How full the shared lock table of the fullest server is. When it is full no session "
+            "can take any lock (out of shared memory): find the backend holding the most in "
+            "Busiest backend below.",
+            "percentunit",
+            Query(
+                f"max({sel('pg_advisory_lock_table_entries')} "
+                f"/ {sel('pg_advisory_lock_table_capacity')})",
+                "fullest lock table",
+            ),
+            (ALERTS.lock_table_warning, "orange"),
+            (ALERTS.lock_table_critical, "red"),
+        ),
+    ]
+
+
+def _holders_and_waiters() -> list[PanelBuilder]:
+    leaked_after = prometheus_duration(ALERTS.leaked_lock_after)
+    return [
+        _timeseries(
+            "Advisory locks held by application",
+            "Granted advisory lock entries per application, stacked. A steady climb is "
+            "lock-per-row code or locks never released; compare with Busiest backend below.",
+            "short",
+            [
+                Query(
+                    f"sum by ({GROUP}) ({sel('pg_advisory_locks', granted='true')})",
+                    OF_APPLICATION,
+                )
+            ],
+        ).stacking(common.StackingConfig().mode(common_model.StackingMode.NORMAL)),
+        _timeseries(
+            "Lock holders by state",
+            "Sessions holding at least one advisory lock, per application and session state. "
+            "Idle holders of a job that should be short-lived are leaked locks.",
+            "short",
+            [
+                Query(
+                    f"sum by ({GROUP}, state) ({sel('pg_advisory_holders')})",
+                    "{{application_name}} {{state}} in " + IN_DATABASE,
+                )
+            ],
+        ),
+        _timeseries(
+            "Longest idle holder by application",
+            "How long the longest-idle session holding an advisory lock has been idle (or idle "
+            "in transaction), per application; long_lived registry keys do not count. Above the "
+            f"line ({leaked_after}) PgAdvisoryLockLeaked pages: end the session as the runbook "
+            "says and fix the code path that leaves the lock behind.",
+            "s",
+            [
+                Query(
+                    f"max by ({GROUP}, state) ({sel('pg_advisory_idle_holder_max_seconds')})",
+                    "{{application_name}} {{state}} in " + IN_DATABASE,
+                )
+            ],
+            limit=ALERTS.leaked_lock_after,
+            width=24,
+        ),
+        _timeseries(
+            "Waiters by application",
+            "Sessions waiting for an advisory lock, per application. More than "
+            f"{ALERTS.waiters} of one application for {prometheus_duration(ALERTS.waiters_for)} "
+            "raises PgAdvisoryLockWaitersPiling: find what the holder is doing.",
+            "short",
+            [Query(f"sum by ({GROUP}) ({sel('pg_advisory_waiters')})", OF_APPLICATION)],
+            limit=ALERTS.waiters,
+        ),
+        _timeseries(
+            "Longest wait by application",
+            "The longest current wait for an advisory lock in each application. Above the line "
+            f"({prometheus_duration(ALERTS.wait_after)}) PgAdvisoryLockWaitTooLong warns: the "
+            "holder is probably stuck, the runbook finds it.",
+            "s",
+            [Query(f"max by ({GROUP}) ({sel('pg_advisory_wait_max_seconds')})", OF_APPLICATION)],
+            limit=ALERTS.wait_after,
+        ),
+    ]
+
+
+def _lock_table() -> list[PanelBuilder]:
+    return [
+        _timeseries(
+            "Lock table entries against capacity",
+            "Entries in the shared lock table (all lock types) and its nominal capacity. "
+            f"PgLockTableNearlyFull warns at {ALERTS.lock_table_warning:.0%} and pages at "
+            f"{ALERTS.lock_table_critical:.0%}: the next panel shows who holds the most.",
+            "short",
+            [
+                Query(sel("pg_advisory_lock_table_entries"), "entries on {{target}}"),
+                Query(sel("pg_advisory_lock_table_capacity"), "capacity of {{target}}"),
+            ],
+            width=8,
+        ),
+        _timeseries(
+            "Busiest backend against max_locks_per_transaction",
+            "The most lock table entries one backend holds, and the most advisory locks one "
+            "backend of each application holds, against max_locks_per_transaction, the average "
+            "budget of a backend. An application above it raises "
+            "PgAdvisoryBackendOverLockBudget: lock per batch, not per row.",
+            "short",
+            [
+                Query(
+                    sel("pg_advisory_lock_table_backend_entries_max"),
+                    "busiest backend on {{target}}, all lock types",
+                ),
+                Query(
+                    f"max by ({GROUP}) ({sel('pg_advisory_backend_locks_max')})",
+                    "advisory locks of one " + OF_APPLICATION + " backend",
+                ),
+                Query(
+                    sel("pg_advisory_max_locks_per_transaction"),
+                    "max_locks_per_transaction of {{target}}",
+                ),
+            ],
+            width=8,
+        ),
+        _timeseries(
+            "Deadlocks",
+            "Deadlocks PostgreSQL detected and broke in each database, all lock types. Any is a "
+            "bug: sessions take the same locks in different orders; the server log names both "
+            "statements.",
+            "short",
+            [
+                Query(
+                    "sum by (target, datname) "
+                    f"(increase({sel('pg_advisory_deadlocks_total')}[$__rate_interval]))",
+                    IN_DATABASE,
+                )
+            ],
+            width=8,
+        ).draw_style(common_model.GraphDrawStyle.BARS),
+    ]
+
+
+def _registered_keys() -> list[PanelBuilder]:
+    keys = ("target", "datname", "key")
+    by = ", ".join(keys)
+    return [
+        _table(
+            "Registered keys",
+            "Each key of the exporter's key registry that is held or awaited (or must be held), "
+            "per server and database: holders, waiters, how long the longest holder has been in "
+            "its state, and the key's max_hold. 0 holders of an expect_held key pages "
+            "(PgAdvisoryKeyNotHeld); a hold time over max_hold warns.",
+            keys,
+            [
+                Column("Holders", "short", f"max by ({by}) ({sel('pg_advisory_key_holders')})"),
+                Column("Waiters", "short", f"max by ({by}) ({sel('pg_advisory_key_waiters')})"),
+                Column("Hold time", "s", f"max by ({by}) ({sel('pg_advisory_key_hold_seconds')})"),
+                Column(
+                    "Max hold",
+                    "s",
+                    # The limit has no datname: spread it over the key's rows.
+                    f"max by ({by}) (0 * {sel('pg_advisory_key_waiters')} "
+                    "+ on (job, instance, target, key) group_left () "
+                    f"{sel('pg_advisory_key_max_hold_seconds')})",
+                ),
+            ],
+            sort_by="Hold time",
+        )
+    ]
+
+
+def _exporter() -> list[PanelBuilder]:
+    return [
+        _timeseries(
+            "Collection duration",
+            "How long the exporter's last read of each server took. It should stay well under "
+            "the statement timeout (5s by default); a slow one means a huge lock table or an "
+            "overloaded server.",
+            "s",
+            [Query(sel("pg_advisory_exporter_collect_duration_seconds"), "{{target}}")],
+            width=8,
+        ),
+        _timeseries(
+            "Failed collections",
+            "Failed reads per second, per server (refused, login failed, timed out). The "
+            "exporter's log says why; that server's lock panels are empty meanwhile.",
+            "ops",
+            [
+                Query(
+                    f"rate({sel('pg_advisory_exporter_collect_errors_total')}[$__rate_interval])",
+                    "{{target}}",
+                )
+            ],
+            width=8,
+        ),
+        _timeseries(
+            "Time since last successful collection",
+            "How old the newest good reading of each server is. It grows while a server cannot "
+            f"be read; PgAdvisoryTargetDown pages after "
+            f"{prometheus_duration(ALERTS.target_down_for)}.",
+            "s",
+            [
+                Query(
+                    f"time() - {sel('pg_advisory_exporter_last_success_timestamp_seconds')}",
+                    "{{target}}",
+                )
+            ],
+            width=8,
+        ),
+        _timeseries(
+            "Monitoring role lacks pg_read_all_stats",
+            "True when the exporter's role cannot see other sessions' state: idle times, the "
+            "leaked-lock signal and key hold times are missing for that server. Fix with GRANT "
+            "pg_read_all_stats TO the role.",
+            "bool",
+            [Query(sel("pg_advisory_exporter_insufficient_privilege"), "{{target}}")],
+        ),
+        _timeseries(
+            "Folded application names",
+            "Distinct application_name values folded into __other__ by the exporter's "
+            "application_name_limit. Above 0, add rewrite rules for per-pod names or raise "
+            "the limit.",
+            "short",
+            [Query(sel("pg_advisory_exporter_folded_application_names"), "{{target}}")],
+        ),
+    ]
+
+
+def _variables() -> list[dashboard.QueryVariable]:
+    variables = []
+    for position, (name, label, metric) in enumerate(VARIABLES):
+        narrowed_by = ", ".join(f'{before}=~"${before}"' for before, _, _ in VARIABLES[:position])
+        series = f"{metric}{{{narrowed_by}}}" if narrowed_by else metric
+        variables.append(
+            dashboard.QueryVariable(name)
+            .label(label)
+            .datasource(DATASOURCE)
+            .query(f"label_values({series}, {name})")
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(model.VariableSort.ALPHABETICAL_CASE_INSENSITIVE_ASC)
+            .multi(True)
+            .include_all(True)
+            # Not ".+": an empty application_name is no label at all, and must still match.
+            .all_value(".*")
+            .current(model.VariableOption(selected=True, text=["All"], value=["$__all"]))
+        )
+    return variables
+
+
+ROWS = (
+    ("Overview", _overview),
+    ("Who holds, who waits", _holders_and_waiters),
+    ("Lock table", _lock_table),
+    ("Registered keys", _registered_keys),
+    ("Exporter", _exporter),
+)
+
+
+def build() -> model.Dashboard:
+    board = (
+        dashboard.Dashboard(TITLE)
+        .uid(UID)
+        .description(
+            "PostgreSQL advisory locks from pg-advisory-exporter: who holds them, for how long, "
+            "who waits, and how full the lock table is."
+        )
+        .tags(TAGS)
+        .readonly()
+        .time("now-3h", "now")
+        .refresh("30s")
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .link(
+            dashboard.DashboardLink("Runbook")
+            .type(model.DashboardLinkType.LINK)
+            .url(RUNBOOK_URL)
+            .icon("doc")
+            .tooltip("What each alert means and how to end a leaked lock safely")
+            .target_blank(True)
+        )
+        .variables(
+            [
+                dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"),
+                *_variables(),
+            ]
+        )
+    )
+    for title, panels in ROWS:
+        board.with_row(dashboard.Row(title))
+        for panel in panels():
+            board.with_panel(panel)
+    result = board.build()
+    for number, built in enumerate(result.panels or [], start=1):
+        built.id_val = number
+    return result
+
+
+def main() -> None:
+    print(json.dumps(build(), cls=JSONEncoder, sort_keys=True, indent=2))
+
+
+if __name__ == "__main__":
+    main()
