@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -252,3 +254,37 @@ def start_service(tmp_path: Path) -> Iterator[Callable[..., int]]:
     for process in processes:
         process.terminate()
         process.wait(timeout=15)
+
+
+@dataclass
+class SilentServer:
+    """A port that accepts connections and never answers, like a hung server."""
+
+    port: int
+    accepted: list[socket.socket]  # every connection made to it
+
+
+@pytest.fixture
+def silent_server() -> Iterator[SilentServer]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.settimeout(0.1)
+    server = SilentServer(sock.getsockname()[1], [])
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                server.accepted.append(sock.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server
+    stop.set()
+    thread.join()
+    for conn in server.accepted:
+        conn.close()
+    sock.close()

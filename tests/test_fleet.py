@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,7 +11,7 @@ from urllib.parse import urlencode
 import psycopg
 import pytest
 import yaml
-from conftest import PG_MAJOR, RunningExporter, Scrape
+from conftest import PG_MAJOR, RunningExporter, Scrape, SilentServer
 
 from exporter.embedded_postgres import EmbeddedPostgres
 
@@ -41,36 +39,11 @@ def _config(targets: dict[str, str], **extra: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def listener() -> Iterator[tuple[int, list[socket.socket]]]:
-    """A port that records every connection made to it."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    sock.settimeout(0.1)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(sock.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield sock.getsockname()[1], accepted
-    stop.set()
-    thread.join()
-    sock.close()
-
-
 def test_probe_serves_one_named_target_and_nothing_else(
     start_exporter: Callable[..., RunningExporter],
     monitor_dsn: str,
     fleet: list[EmbeddedPostgres],
-    listener: tuple[int, list[socket.socket]],
+    silent_server: SilentServer,
 ) -> None:
     exporter = start_exporter(config=_config({"orders": monitor_dsn, "billing": fleet[0].dsn()}))
     status, body = exporter.get("/probe?target=billing")
@@ -80,7 +53,7 @@ def test_probe_serves_one_named_target_and_nothing_else(
     assert probe.value("pg_advisory_up", target="billing") == 1
     assert probe.find("pg_advisory_exporter_build_info") == []
 
-    port, accepted = listener
+    port, accepted = silent_server.port, silent_server.accepted
     for bad in (
         f"host=127.0.0.1 port={port} user=x",
         f"postgresql://x@127.0.0.1:{port}/x",
@@ -206,9 +179,9 @@ def test_many_targets_are_collected_at_once(
     start_exporter: Callable[..., RunningExporter],
     monitor_dsn: str,
     fleet: list[EmbeddedPostgres],
-    listener: tuple[int, list[socket.socket]],
+    silent_server: SilentServer,
 ) -> None:
-    port, _ = listener
+    port = silent_server.port
     hung = f"host=127.0.0.1 port={port} user=x dbname=x"
     targets = {"hung-1": hung, "hung-2": hung, "a": monitor_dsn, "b": fleet[0].dsn()}
     config = _config(targets, max_parallel_collections=4)

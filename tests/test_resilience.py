@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import PG_MAJOR, PLAIN_PASSWORD, RunningExporter, Scrape
+from conftest import PG_MAJOR, PLAIN_PASSWORD, RunningExporter, Scrape, SilentServer
 
 from exporter.config import CollectionSettings
 from exporter.embedded_postgres import EmbeddedPostgres
@@ -172,43 +170,16 @@ def test_locked_catalog_times_out_instead_of_stalling(
     assert exporter.scrape().value("pg_advisory_up", target="main") == 1
 
 
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """A TCP port that accepts connections and never answers, like a hung server."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join()
-    for conn in accepted:
-        conn.close()
-    listener.close()
-
-
 def test_hung_server_never_stalls_metrics(
     start_exporter: Callable[..., RunningExporter],
     monitor_dsn: str,
-    silent_server: int,
+    silent_server: SilentServer,
 ) -> None:
     config = {
         "collection": {"min_interval": "1ms", "connect_timeout": "10s"},
         "targets": [
             {"name": "healthy", "dsn": monitor_dsn},
-            {"name": "hung", "dsn": f"host=127.0.0.1 port={silent_server} user=x dbname=x"},
+            {"name": "hung", "dsn": f"host=127.0.0.1 port={silent_server.port} user=x dbname=x"},
         ],
     }
     exporter = start_exporter(config=config)
