@@ -256,6 +256,16 @@ def start_service(tmp_path: Path) -> Iterator[Callable[..., int]]:
         process.wait(timeout=15)
 
 
+@pytest.fixture
+def exporter(
+    start_exporter: Callable[..., RunningExporter],
+    one_target: Callable[..., dict[str, Any]],
+    monitor_dsn: str,
+) -> RunningExporter:
+    """The exporter watching the suite's server as the monitoring role; tests may override."""
+    return start_exporter(config=one_target(monitor_dsn))
+
+
 @dataclass
 class SilentServer:
     """A port that accepts connections and never answers, like a hung server."""

@@ -51,12 +51,8 @@ def test_role_without_pg_read_all_stats(
     assert 'GRANT pg_read_all_stats TO \\"plain\\"' in exporter.log()
 
 
-def test_privileged_role_is_reported_as_such(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
-    monitor_dsn: str,
-) -> None:
-    scrape = start_exporter(config=one_target(monitor_dsn)).scrape()
+def test_privileged_role_is_reported_as_such(exporter: RunningExporter) -> None:
+    scrape = exporter.scrape()
     assert scrape.value("pg_advisory_exporter_insufficient_privilege", target="main") == 0
 
 

@@ -10,19 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 from conftest import RunningExporter, Scrape
 
 Session = Callable[..., psycopg.Connection[Any]]
-
-
-@pytest.fixture
-def exporter(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
-    monitor_dsn: str,
-) -> RunningExporter:
-    return start_exporter(config=one_target(monitor_dsn))
 
 
 def _labels(application_name: str, datname: str = "postgres") -> dict[str, str]:
