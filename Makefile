@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 # The suite runs once per supported major version; the first gets the demo test too.
 PG_VERSIONS ?= 15 14 16 17 18
 
-.PHONY: demo test lint typecheck unit bench generate system-packages clean
+.PHONY: demo test lint typecheck unit bench bench-fleet generate system-packages clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ unit: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(BIN)/python -m benchmarks.collection_cost
+
+bench-fleet: $(INSTALLED)
+	$(BIN)/python -m benchmarks.fleet_scale
 
 # The shipped alert rules, from the thresholds' defaults, and the Grafana dashboard; the tests
 # fail when these are stale.

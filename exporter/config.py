@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -20,17 +20,20 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .appnames import RewriteRule
+from .appnames import RewriteRule, compile_pattern, parse_template
+from .endpoints import RESERVED_PATHS
 from .registry import KeyConfig, check_configs
-from .schema import Duration, Strict
+from .schema import Strict, duration_within, parse_duration
 
 DEFAULT_LISTEN_ADDRESS = ":9846"
 DEFAULT_TARGET = "default"
@@ -43,7 +46,7 @@ class ConfigError(Exception):
 
 
 class RewriteRuleConfig(Strict):
-    """One application_name rewrite: a regular expression and its replacement."""
+    """One application_name rewrite: an RE2 pattern and its replacement."""
 
     pattern: str
     replacement: str
@@ -51,24 +54,36 @@ class RewriteRuleConfig(Strict):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"bad regular expression {pattern!r}: {exc}") from None
+        compile_pattern(pattern)
         return pattern
 
+    @field_validator("replacement")
+    @classmethod
+    def _groups_exist(cls, replacement: str, info: ValidationInfo) -> str:
+        if "pattern" in info.data:  # else the pattern's own error is reported
+            parse_template(replacement, compile_pattern(info.data["pattern"]))
+        return replacement
+
     def rule(self) -> RewriteRule:
-        return RewriteRule(re.compile(self.pattern), self.replacement)
+        return RewriteRule.compile(self.pattern, self.replacement)
+
+
+# PostgreSQL takes timeouts in whole milliseconds, and 0 turns one off: 1ms is the least.
+# The most: a timeout longer than a scrape could ever wait is a typo, and a collection is
+# reused for min_interval, so days of it would serve one collection forever.
+_LEAST = 0.001
+Timeout = Annotated[float, BeforeValidator(parse_duration), duration_within(_LEAST, 600.0)]
+Interval = Annotated[float, BeforeValidator(parse_duration), duration_within(_LEAST, 3600.0)]
 
 
 class CollectionSettings(Strict):
     """How one server is read; set for all targets, and overridable per target."""
 
-    statement_timeout: Duration = 5.0
-    lock_timeout: Duration = 1.0
-    connect_timeout: Duration = 3.0
-    min_interval: Duration = 5.0
-    reconnect_backoff_max: Duration = 30.0
+    statement_timeout: Timeout = 5.0
+    lock_timeout: Timeout = 1.0
+    connect_timeout: Timeout = 3.0
+    min_interval: Interval = 5.0
+    reconnect_backoff_max: Interval = 30.0
     application_name_limit: int = Field(default=100, ge=1)
     application_name_rewrites: tuple[RewriteRuleConfig, ...] = ()
 
@@ -96,11 +111,38 @@ def redact(message: str, dsn: str) -> str:
     return message
 
 
+# Quoted punctuation in libpq's messages ('missing "=" after'), never a piece of the DSN.
+_LIBPQ_LITERALS = ('"="', '"]"', '":"', '"/"')
+
+
+def _without_fragments(message: str) -> str:
+    """libpq's message with the pieces of the DSN it quotes cut out, as "...".
+
+    libpq writes `missing "=" after "Part2xQ"`, and the piece may be part of a password. A
+    piece may itself hold a quote, so everything from the first quoted piece to the last
+    quote goes.
+    """
+    start = message.find('"')
+    while start != -1 and message[start : start + 3] in _LIBPQ_LITERALS:
+        start = message.find('"', start + 3)
+    if start == -1:
+        return message
+    end = message.rfind('"') + 1
+    return f'{message[:start]}"..."{message[end:]}'
+
+
+def _dsn_hint(dsn: str) -> str:
+    if re.match(r"^[a-z]+://", dsn):
+        return "percent-encode special characters in a URI, e.g. %40 for @"
+    return "quote values that contain spaces, e.g. password='a b'"
+
+
 def _dsn_parameters(dsn: str) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
-    except Exception as exc:  # psycopg raises ProgrammingError; its text may quote the DSN
-        raise ValueError(f"malformed DSN: {redact(str(exc), dsn)}") from None
+    except Exception as exc:  # psycopg raises ProgrammingError with libpq's message
+        problem = _without_fragments(str(exc).strip())
+        raise ValueError(f"malformed DSN: {problem} ({_dsn_hint(dsn)})") from None
     port = params.get("port")
     if port is not None and not all(p.isdigit() for p in str(port).split(",")):
         raise ValueError(f"malformed DSN: port {port!r} is not a number")
@@ -125,9 +167,18 @@ def _check_listen_address(address: str) -> str:
     return address
 
 
+def _check_telemetry_path(path: str) -> str:
+    # The server routes on the path alone: a query or a fragment in it would never match.
+    if not re.fullmatch(r"/[^\s?#]*", path):
+        raise ValueError(f"{path!r} is not a path (it starts with / and has no spaces, ? or #)")
+    if path in RESERVED_PATHS:
+        raise ValueError(f"{path!r} is taken by another endpoint of the exporter")
+    return path
+
+
 Dsn = Annotated[str, AfterValidator(_check_dsn)]
 ListenAddress = Annotated[str, AfterValidator(_check_listen_address)]
-TelemetryPath = Annotated[str, Field(pattern=r"^/\S*$")]
+TelemetryPath = Annotated[str, AfterValidator(_check_telemetry_path)]
 LogLevel = Literal["debug", "info", "warn", "error"]
 LogFormat = Literal["logfmt", "json"]
 
@@ -221,10 +272,10 @@ class Overrides(BaseModel):
     web_telemetry_path: TelemetryPath | None = None
     log_level: LogLevel | None = None
     log_format: LogFormat | None = None
-    statement_timeout: Duration | None = None
-    lock_timeout: Duration | None = None
-    connect_timeout: Duration | None = None
-    min_interval: Duration | None = None
+    statement_timeout: Timeout | None = None
+    lock_timeout: Timeout | None = None
+    connect_timeout: Timeout | None = None
+    min_interval: Interval | None = None
     application_name_limit: int | None = Field(default=None, ge=1)
 
     @field_validator("log_level", mode="before")
@@ -300,31 +351,136 @@ def read_flags(values: Mapping[str, object]) -> Overrides:
         ) from None
 
 
+def _spelled(name: str) -> str | None:
+    """The variable as it is set: pydantic-settings reads names in any case."""
+    return next((key for key in os.environ if key.upper() == name), None)
+
+
+def _variable(field: str) -> str:
+    """The variable a field's error came from, spelled as it is set."""
+    if field in _DSN_VARIABLES:  # the error names the first alias, not the one set
+        return next(filter(None, map(_spelled, _DSN_VARIABLES)), field)
+    name = f"{ENV_PREFIX}{field.upper()}"
+    return _spelled(name) or name
+
+
 def read_environment() -> Overrides:
     """Validate the PG_ADVISORY_EXPORTER_* variables and DATA_SOURCE_NAME that are set."""
     try:
         env = EnvOverrides()
     except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            field = str(error["loc"][0])
-            if field in _DSN_VARIABLES:  # the error names the first alias, not the one set
-                field = next(name for name in _DSN_VARIABLES if name in os.environ)
-            name = field if field.isupper() else f"{ENV_PREFIX}{field.upper()}"
-            lines.append(f"environment variable {name}: {describe_error(error)}")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(
+            "\n".join(
+                f"environment variable {_variable(str(e['loc'][0]))}: {describe_error(e)}"
+                for e in exc.errors()
+            )
+        ) from None
     return Overrides.model_validate(env.model_dump(exclude_unset=True))
 
 
-def _read_file(path: Path) -> FileConfig:
+# A 10,000-target fleet file is about 1.5 MB, while a 50 MB file took a minute and half a
+# gigabyte to load: a reload would hold up the exporter that long for a file that is a mistake.
+MAX_FILE_BYTES = 8 * 1024 * 1024
+# The schema nests six levels deep. The pure-Python parser recurses per level, so without a
+# bound a deeply nested file would end in a RecursionError instead of a message.
+MAX_NESTING = 64
+# libyaml's parser is several times faster on a big fleet; the pure-Python one is the fallback
+# for a PyYAML built without it.
+_LOADER: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)  # no more, whatever the file turns out to be
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(
+            f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; is this the configuration file?"
+        )
     try:
-        data = yaml.safe_load(text)
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+
+
+class _Mark(Protocol):
+    line: int
+    column: int
+
+
+def _at(mark: _Mark | None) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+
+
+def _check_nesting(text: str, path: Path) -> None:
+    """Refuse nesting deeper than MAX_NESTING, from the parser's events: they need no recursion."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise ConfigError(
+                    f"{path}: {_at(event.start_mark)}: nested more than {MAX_NESTING} levels deep"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _check_unique_keys(root: yaml.Node, path: Path) -> None:
+    """Refuse a mapping that gives a key twice, which YAML loaders resolve silently."""
+    seen: set[int] = set()  # an alias refers to a node again: walk it once
+    pending: list[tuple[yaml.Node, tuple[int | str, ...]]] = [(root, ())]
+    while pending:
+        node, at = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            pending.extend((item, (*at, i)) for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            # A key that is a list or a mapping is refused when the document is built.
+            for key, value in node.value:
+                if not isinstance(key, yaml.ScalarNode):
+                    continue
+                line = key.start_mark.line + 1
+                if key.value in lines:
+                    raise ConfigError(
+                        f"{path}: {location(at)}: key {key.value!r} is given twice "
+                        f"(lines {lines[key.value]} and {line})"
+                    )
+                lines[key.value] = line
+                pending.append((value, (*at, key.value)))
+
+
+def _parse(text: str, path: Path) -> object:
+    try:
+        _check_nesting(text, path)
+        loader = _LOADER(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:  # an empty file
+                return None
+            _check_unique_keys(root, path)
+            return loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        # Not str(exc): the pure-Python parser quotes the line, which may hold a password.
+        problem = exc.problem or exc.context
+        raise ConfigError(f"{path}: not valid YAML: {_at(exc.problem_mark)}: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def _read_file(path: Path) -> FileConfig:
+    data = _parse(_read_text(path), path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: (top level): expected a mapping with a 'targets' list")
     try:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from . import __version__, logs
 from .collector import ExporterCollector
-from .config import Config, ConfigError, split_listen_address
+from .config import Config, ConfigError, TargetConfig, split_listen_address
 from .http import make_app, serve
+from .scheduling import CollectionPool, Watchdog
 from .target import Target
 
 log = logging.getLogger(__name__)
@@ -28,18 +28,20 @@ class Daemon:
         self.config = config
         self._reread = reread
         # Bounded: a fleet of servers never opens more than this many collections at once.
-        self._executor = ThreadPoolExecutor(
-            max_workers=config.max_parallel_collections, thread_name_prefix="collect"
-        )
+        self.pool = CollectionPool(config.max_parallel_collections)
+        self._watchdog = Watchdog()  # every collection's deadline
         self._reload_lock = threading.Lock()
-        self._targets = {t.name: Target(t, self._executor) for t in config.targets}
+        self._targets = {t.name: self._target(t) for t in config.targets}
         self.registry = CollectorRegistry()
-        self.registry.register(ExporterCollector(self.targets))
+        self.registry.register(ExporterCollector(self.targets, self.pool))
         ProcessCollector(registry=self.registry)
         host, port = split_listen_address(config.web.listen_address)
         self._server = serve(make_app(self), host, port)
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
+
+    def _target(self, config: TargetConfig) -> Target:
+        return Target(config, self.pool, self._watchdog)
 
     @property
     def telemetry_path(self) -> str:
@@ -68,6 +70,9 @@ class Daemon:
                     "reload refused; the running configuration stays", extra={"error": str(exc)}
                 )
                 return str(exc)
+            except Exception:  # a bug must not take down the exporter that is running
+                log.exception("reload failed; the running configuration stays")
+                return "internal error, see the exporter's log"
             self._apply(config)
         return None
 
@@ -85,7 +90,7 @@ class Daemon:
             if kept is not None and kept.config == target_config:
                 new[target_config.name] = kept
             else:
-                new[target_config.name] = Target(target_config, self._executor)
+                new[target_config.name] = self._target(target_config)
         self._targets = new  # one assignment: a scrape sees the old set or the new one
         self.config = Config(
             web=self.config.web,
@@ -147,6 +152,6 @@ class Daemon:
 
     def _close(self) -> None:
         self._server.server_close()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
         for target in self._targets.values():
             target.close()

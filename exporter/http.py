@@ -15,14 +15,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from . import __version__
-from .collector import ProbeCollector, scrape_timeout
+from .collector import ProbeCollector, ScrapeContext, current_scrape
+from .endpoints import HEALTH_PATH, LANDING_PATH, PROBE_PATH, RELOAD_PATH
+from .scheduling import CollectionPool
 from .target import Target
 
 log = logging.getLogger(__name__)
-
-HEALTH_PATH = "/health"
-PROBE_PATH = "/probe"
-RELOAD_PATH = "/-/reload"
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -32,6 +30,7 @@ class Exported(Protocol):
     """What the endpoints need from the running exporter."""
 
     registry: CollectorRegistry
+    pool: CollectionPool
 
     @property
     def telemetry_path(self) -> str: ...
@@ -102,11 +101,13 @@ def make_app(exported: Exported) -> WsgiApp:
     metrics_app = make_wsgi_app(exported.registry)  # negotiation, gzip and name[] filters
 
     def exposition(app: WsgiApp, environ: dict[str, Any], start: StartResponse) -> list[bytes]:
-        token = scrape_timeout.set(_scrape_timeout(environ))
+        scrape = ScrapeContext(timeout=_scrape_timeout(environ))
+        token = current_scrape.set(scrape)
         try:
-            return list(app(environ, start))
+            with scrape.rendering:
+                return list(app(environ, start))
         finally:
-            scrape_timeout.reset(token)
+            current_scrape.reset(token)
 
     def probe(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         # Only names from the configuration: a host or a DSN in a URL would let anyone
@@ -124,7 +125,7 @@ def make_app(exported: Exported) -> WsgiApp:
                 f"target ({known}), never a host or a DSN",
             )
         registry = CollectorRegistry()
-        registry.register(ProbeCollector(target))
+        registry.register(ProbeCollector(target, exported.pool))
         return exposition(make_wsgi_app(registry), environ, start_response)
 
     def reload(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
@@ -144,7 +145,7 @@ def make_app(exported: Exported) -> WsgiApp:
             return probe(environ, start_response)
         if path == RELOAD_PATH:
             return reload(environ, start_response)
-        if path == "/":
+        if path == LANDING_PATH:
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [_landing_page(exported.telemetry_path, exported.targets())]
         if path == HEALTH_PATH:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import psycopg
 
@@ -13,8 +14,9 @@ from .capacity import lock_table_capacity
 from .config import Config, TargetConfig, redact
 from .metrics import IDLE_STATES, counted_uses, key_groups, state_label
 from .registry import Registry
+from .scheduling import Watchdog
 from .snapshot import BackendLocks, ServerSnapshot, read_snapshot
-from .target import CannotCollect, open_session
+from .target import CannotCollect, interrupt, open_session
 
 EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10
@@ -192,23 +194,37 @@ def print_report(
     out.write("\n")
 
 
-def check_target(target: TargetConfig, out: TextIO) -> bool:
+def check_target(target: TargetConfig, out: TextIO, watchdog: Watchdog) -> bool:
     assert target.collection is not None
+    deadline = target.collection.scrape_wait
     conninfo = target.dsn
+    opened: list[psycopg.Connection[Any]] = []
+    expired = threading.Event()
+
+    def expire() -> None:  # a stopped backend or a hung proxy: give up, as the daemon does
+        expired.set()
+        for conn in opened:
+            interrupt(conn)
+
+    alarm = watchdog.arm(deadline, expire)
     try:
         conninfo = target.conninfo()
-        session = open_session(conninfo, target.collection, target.keys)
+        session = open_session(conninfo, target.collection, target.keys, opened.append)
         try:
             snapshot = read_snapshot(session.conn, session.registry, with_keys=True)
         finally:
+            watchdog.disarm(alarm)
             session.conn.close()
     except (psycopg.Error, CannotCollect, ValueError) as exc:
-        out.write(f"Target {target.name}: cannot collect: {redact(str(exc).strip(), conninfo)}\n\n")
+        watchdog.disarm(alarm)
+        error = f"no answer within {deadline:g}s" if expired.is_set() else str(exc).strip()
+        out.write(f"Target {target.name}: cannot collect: {redact(error, conninfo)}\n\n")
         return False
     print_report(target.name, session.role, snapshot, session.registry, out)
     return True
 
 
 def run_check(config: Config, out: TextIO = sys.stdout) -> int:
-    results = [check_target(target, out) for target in config.targets]
+    watchdog = Watchdog()
+    results = [check_target(target, out, watchdog) for target in config.targets]
     return 0 if all(results) else EXIT_UNREACHABLE

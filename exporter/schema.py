@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -13,6 +14,10 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 def parse_duration(value: object) -> object:
     """Seconds from a number or a Prometheus-style duration such as "500ms", "5s" or "1m30s"."""
+    if isinstance(value, bool):  # YAML's true would otherwise pass as 1 second
+        raise ValueError(
+            f"{value!r} is not a duration (use seconds or a form like 500ms, 5s, 1m30s)"
+        )
     if not isinstance(value, str):
         return value
     text = value.strip()
@@ -27,7 +32,31 @@ def parse_duration(value: object) -> object:
     return sum(float(p.group(1)) * _DURATION_UNITS[p.group(2)] for p in parts)
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
+
+
+def format_duration(seconds: float) -> str:
+    """A bound as it would be written: "1ms", "10m", "1h"."""
+    for unit in ("d", "h", "m", "s", "ms"):
+        count = seconds / _DURATION_UNITS[unit]
+        if count >= 1 and count.is_integer():
+            return f"{int(count)}{unit}"
+    return f"{seconds}s"
+
+
+def duration_within(least: float, most: float) -> AfterValidator:
+    """Refuse a parsed duration outside [least, most] seconds, or not finite (inf, nan)."""
+
+    def check(seconds: float) -> float:
+        if not math.isfinite(seconds):
+            raise ValueError(f"{seconds} is not a finite duration")
+        if seconds < least:
+            raise ValueError(f"must be at least {format_duration(least)}")
+        if seconds > most:
+            raise ValueError(f"must be at most {format_duration(most)}")
+        return seconds
+
+    return AfterValidator(check)
 
 
 class Strict(BaseModel):

@@ -62,6 +62,17 @@ def pg() -> Iterator[EmbeddedPostgres]:
         server.cleanup()
 
 
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedPostgres]:
+    """A server of this test's own, to stop, start or freeze."""
+    server = EmbeddedPostgres(major=PG_MAJOR)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
 @pytest.fixture(scope="session")
 def monitor_dsn(pg: EmbeddedPostgres) -> str:
     return pg.dsn(user="monitor", password=MONITOR_PASSWORD)

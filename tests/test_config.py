@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,14 @@ import pytest
 import yaml
 
 from exporter.cli import main
-from exporter.config import Overrides, load, read_environment, read_flags
+from exporter.config import (
+    MAX_FILE_BYTES,
+    ConfigError,
+    Overrides,
+    load,
+    read_environment,
+    read_flags,
+)
 from exporter.embedded_postgres import free_port
 from exporter.logs import LogfmtFormatter
 from exporter.schema import parse_duration
@@ -22,12 +32,9 @@ DSN = "postgresql://monitor@db.example:5432/postgres"
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "DATA_SOURCE_NAME",
-        "PG_ADVISORY_EXPORTER_DSN",
-        "PG_ADVISORY_EXPORTER_MIN_INTERVAL",
-    ):
-        monkeypatch.delenv(name, raising=False)
+    for name in list(os.environ):
+        if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
+            monkeypatch.delenv(name)
 
 
 def _write(tmp_path: Path, content: Any) -> Path:
@@ -252,3 +259,215 @@ def test_logfmt_quotes_hostile_values() -> None:
 def test_overrides_reject_unknown_settings() -> None:
     with pytest.raises(ValueError, match="Extra inputs"):
         Overrides.model_validate({"nonsense": 1})
+
+
+def _check(*argv: str, **environment: str) -> subprocess.CompletedProcess[str]:
+    """`--config.check` through the real command, with these variables added."""
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", *argv, "--config.check"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, **environment},
+    )
+    assert "Traceback" not in result.stderr
+    return result
+
+
+def _refused(*argv: str, **environment: str) -> str:
+    result = _check(*argv, **environment)
+    assert result.returncode == 2, result.stderr
+    return result.stderr
+
+
+ONE_TARGET = f"targets:\n  - name: a\n    dsn: {DSN}\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            "collection:\n  statement_timeout: inf\n" + ONE_TARGET,
+            "collection.statement_timeout: inf is not a finite duration",
+        ),
+        (
+            "collection:\n  lock_timeout: .inf\n" + ONE_TARGET,
+            "collection.lock_timeout: inf is not a finite duration",
+        ),
+        (
+            "collection:\n  connect_timeout: .nan\n" + ONE_TARGET,
+            "collection.connect_timeout: nan is not a finite duration",
+        ),
+        (
+            "collection:\n  min_interval: 1e12\n" + ONE_TARGET,
+            "collection.min_interval: must be at most 1h",
+        ),
+        (
+            "collection:\n  reconnect_backoff_max: 30d\n" + ONE_TARGET,
+            "collection.reconnect_backoff_max: must be at most 1h",
+        ),
+        (
+            "collection:\n  statement_timeout: 11m\n" + ONE_TARGET,
+            "collection.statement_timeout: must be at most 10m",
+        ),
+        # PostgreSQL would round this to 0 ms, which turns the timeout off.
+        (
+            "collection:\n  lock_timeout: 0.0001\n" + ONE_TARGET,
+            "collection.lock_timeout: must be at least 1ms",
+        ),
+        (
+            ONE_TARGET + "    collection: {connect_timeout: true}\n",
+            "targets[0].collection.connect_timeout: True is not a duration",
+        ),
+        (
+            ONE_TARGET + "    dsn: host=other\n",
+            "targets[0]: key 'dsn' is given twice (lines 3 and 4)",
+        ),
+        (
+            "web:\n  telemetry_path: /a\nlog: {level: info}\nweb:\n  telemetry_path: /b\n"
+            + ONE_TARGET,
+            "(top level): key 'web' is given twice (lines 1 and 4)",
+        ),
+        (
+            ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
+            "        - {pattern: 'a', replacement: 'b', pattern: 'c'}\n",
+            "targets[0].collection.application_name_rewrites[0]: key 'pattern' is given twice",
+        ),
+        ("a: " + "[" * 50_000 + "]" * 50_000 + "\n" + ONE_TARGET, "nest"),
+        ("a: " + "[" * 65 + "]" * 65 + "\n" + ONE_TARGET, "nested more than 64 levels deep"),
+        (
+            "".join(f"{' ' * i}k{i}:\n" for i in range(2_000)) + "\n" + ONE_TARGET,
+            "line 65, column 65: nested more than 64 levels deep",
+        ),
+        ("a:\n" + "- " * 50_000 + "x\n" + ONE_TARGET, "nested more than 64 levels deep"),
+        ("web:\n  telemetry_path: /health\n" + ONE_TARGET, "web.telemetry_path: '/health' is"),
+        ("web:\n  telemetry_path: /\n" + ONE_TARGET, "web.telemetry_path: '/' is taken"),
+        ("web:\n  telemetry_path: /probe\n" + ONE_TARGET, "'/probe' is taken"),
+        ("web:\n  telemetry_path: /-/reload\n" + ONE_TARGET, "'/-/reload' is taken"),
+        ("web:\n  telemetry_path: /m?x=1\n" + ONE_TARGET, "'/m?x=1' is not a path"),
+        ("web:\n  telemetry_path: '/m#x'\n" + ONE_TARGET, "'/m#x' is not a path"),
+        (
+            ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
+            "        - {pattern: '(?=web)(.+)', replacement: '\\1'}\n",
+            "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
+        ),
+        (
+            ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
+            "        - {pattern: '(\\w+)-\\1', replacement: '\\1'}\n",
+            "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
+        ),
+        (
+            ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
+            "        - {pattern: '(.+)-x', replacement: '\\9'}\n",
+            "application_name_rewrites[0].replacement: \\9 refers to group 9",
+        ),
+        (
+            ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
+            "        - {pattern: '(.+)-x', replacement: '\\g<app>'}\n",
+            "application_name_rewrites[0].replacement: \\g<app>: the pattern has no group named",
+        ),
+    ],
+)
+def test_the_check_refuses_what_cannot_run(tmp_path: Path, content: str, expected: str) -> None:
+    path = _write(tmp_path, content)
+    message = _refused("--config.file", str(path))
+    assert f"{path}: " in message
+    assert expected in message
+    # A reload reads the file the same way, and refuses it only on a ConfigError.
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load(read_flags({"config_file": str(path)}), read_environment())
+
+
+def test_a_file_too_big_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    with path.open("w") as file:
+        file.write(ONE_TARGET)
+        file.write("#" * MAX_FILE_BYTES)
+    started = time.monotonic()
+    message = _refused("--config.file", str(path))
+    assert f"{path}: larger than 8 MiB" in message
+    assert time.monotonic() - started < 10
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(ONE_TARGET.encode() + "# café\n".encode("latin-1"))
+    offset = len(ONE_TARGET) + len("# caf")
+    assert f"{path}: not UTF-8 text (byte 0xe9 at offset {offset})" in _refused(
+        "--config.file", str(path)
+    )
+
+
+def test_anchors_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "collection: &fast {statement_timeout: 1ms, min_interval: 1h}\n"
+        f"targets:\n  - {{name: a, dsn: '{DSN}', collection: *fast}}\n"
+        f"  - {{name: b, dsn: '{DSN}', collection: {{<<: *fast, min_interval: 1s}}}}\n",
+    )
+    config = load(read_flags({"config_file": str(path)}), read_environment())
+    a, b = (t.collection for t in config.targets)
+    assert a is not None
+    assert b is not None
+    assert (a.statement_timeout, a.min_interval, b.min_interval) == (0.001, 3600, 1)
+
+
+def test_duration_bounds_apply_to_flags_and_variables() -> None:
+    message = _refused("--dsn", DSN, "--collection.statement-timeout", "1h")
+    assert "flag --collection.statement-timeout: must be at most 10m" in message
+    message = _refused("--dsn", DSN, "--collection.lock-timeout", "inf")
+    assert "flag --collection.lock-timeout: inf is not a finite duration" in message
+    message = _refused(PG_ADVISORY_EXPORTER_MIN_INTERVAL="30d", DATA_SOURCE_NAME=DSN)
+    assert "environment variable PG_ADVISORY_EXPORTER_MIN_INTERVAL: must be at most 1h" in message
+    message = _refused(PG_ADVISORY_EXPORTER_LOCK_TIMEOUT="0.0001", DATA_SOURCE_NAME=DSN)
+    assert "environment variable PG_ADVISORY_EXPORTER_LOCK_TIMEOUT: must be at least 1ms" in message
+
+
+def test_telemetry_path_flag_cannot_hide_another_endpoint() -> None:
+    message = _refused("--dsn", DSN, "--web.telemetry-path", "/health")
+    assert "flag --web.telemetry-path: '/health' is taken by another endpoint" in message
+
+
+LEAKY_DSN = "host=db user=monitor password=Leak Part2xQ"
+
+
+def test_no_piece_of_a_password_in_a_malformed_dsn_message(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"targets": [{"name": "a", "dsn": LEAKY_DSN}]})
+    messages = {
+        "flag --dsn": _refused("--dsn", LEAKY_DSN),
+        "environment variable PG_ADVISORY_EXPORTER_DSN": _refused(
+            PG_ADVISORY_EXPORTER_DSN=LEAKY_DSN
+        ),
+        "environment variable DATA_SOURCE_NAME": _refused(DATA_SOURCE_NAME=LEAKY_DSN),
+        f"{path}: targets[0].dsn": _refused("--config.file", str(path)),
+    }
+    for source, message in messages.items():
+        assert f'{source}: malformed DSN: missing "=" after' in message
+        assert "password='a b'" in message  # how to write it instead
+        assert "Leak" not in message
+        assert "Part2xQ" not in message
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        'host=db password=L3 Q"Part2xQ',  # the piece libpq quotes holds a quote itself
+        "host=db password=Leak Part2xQ=",
+        "postgresql://monitor:Leak%zzPart2xQ@db/postgres",
+        "postgresql://monitor@db/postgres?password=Leak&Part2xQ",
+    ],
+)
+def test_no_piece_of_a_password_whatever_libpq_quotes(dsn: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        read_flags({"dsn": dsn})
+    assert "malformed DSN" in str(refused.value)
+    assert "Part2xQ" not in str(refused.value)
+
+
+def test_a_lower_case_variable_is_named_as_it_is_set() -> None:
+    message = _refused(data_source_name=LEAKY_DSN)
+    assert "environment variable data_source_name: malformed DSN" in message
+    assert "Part2xQ" not in message
+    message = _refused(DATA_SOURCE_NAME=DSN, pg_advisory_exporter_statement_timeout="x")
+    assert "environment variable pg_advisory_exporter_statement_timeout: 'x' is not" in message

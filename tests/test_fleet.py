@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import yaml
 from conftest import PG_MAJOR, RunningExporter, Scrape, SilentServer
 
-from exporter.embedded_postgres import EmbeddedPostgres
+from exporter.embedded_postgres import EmbeddedPostgres, free_port
 
 Session = Callable[..., psycopg.Connection[Any]]
 
@@ -196,3 +197,52 @@ def test_many_targets_are_collected_at_once(
     assert scrape.value("pg_advisory_up", target="b") == 1
     assert scrape.value("pg_advisory_up", target="hung-1") == 0
     assert scrape.value("pg_advisory_up", target="hung-2") == 0
+
+
+@pytest.mark.slow
+def test_a_fleet_of_ten_thousand_answers_within_the_scrape_timeout(
+    start_exporter: Callable[..., RunningExporter],
+    monitor_dsn: str,
+    silent_server: SilentServer,
+) -> None:
+    # Mostly servers that refuse connections, some that hang, one that answers.
+    refused = f"host=127.0.0.1 port={free_port()} user=x dbname=x"
+    hung = f"host=127.0.0.1 port={silent_server.port} user=x dbname=x"
+    targets = {f"refused-{i}": refused for i in range(9_990)}
+    targets |= {f"hung-{i}": hung for i in range(9)}
+    targets["healthy"] = monitor_dsn
+    config = _config(targets)
+    config["collection"]["connect_timeout"] = "10s"
+    exporter = start_exporter(config=config)
+    timeout = 10.0
+    answers: list[tuple[float, int, str]] = []
+
+    def scrape() -> None:
+        started = time.monotonic()
+        status, body = exporter.get(
+            "/metrics", {"X-Prometheus-Scrape-Timeout-Seconds": str(timeout)}
+        )
+        answers.append((time.monotonic() - started, status, body))
+
+    for _ in range(2):
+        answers.clear()
+        fleet_scrape = threading.Thread(target=scrape)
+        fleet_scrape.start()
+        time.sleep(1)  # the fleet's collections fill the queue
+        started = time.monotonic()
+        status, body = exporter.get("/probe?target=healthy")
+        probe_seconds = time.monotonic() - started
+        fleet_scrape.join()
+        assert status == 200
+        assert Scrape(body).value("pg_advisory_up", target="healthy") == 1
+        assert probe_seconds < 1.0
+        [(elapsed, status, body)] = answers
+        assert status == 200
+        assert elapsed < timeout
+        scraped = Scrape(body)
+        assert len(scraped.find("pg_advisory_up")) == len(targets)
+        assert scraped.value("pg_advisory_up", target="hung-0") == 0
+        # Servers that hang or refuse never starve the one that answers.
+        assert scraped.value("pg_advisory_up", target="healthy") == 1
+    # A server that stays down is logged once, not at every attempt.
+    assert exporter.log().count("collection failed") <= len(targets)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import pytest
@@ -123,7 +122,7 @@ def test_rewrite_then_cap_and_folded_count() -> None:
         for i in range(3)
     ]
     small = [replace(IDLE, pid=10 + i, application_name=f"tool-{i}") for i in range(3)]
-    rule = RewriteRule(re.compile(r"(.+)-[0-9a-f]{10}-[a-z]{5}"), r"\1")
+    rule = RewriteRule.compile(r"(.+)-[0-9a-f]{10}-[a-z]{5}", r"\1")
     result = server_samples("main", _snapshot(*pods, *small), [rule], 2)
     holders = _values(result.samples, "pg_advisory_holders")
     assert holders == {("main", "app", "cron", "idle"): 3, ("main", "app", "__other__", "idle"): 3}

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import PG_MAJOR, PLAIN_PASSWORD, RunningExporter, Scrape, SilentServer
+from conftest import PLAIN_PASSWORD, RunningExporter, Scrape, SilentServer
 
 from exporter.config import CollectionSettings
 from exporter.embedded_postgres import EmbeddedPostgres
@@ -54,17 +54,6 @@ def test_role_without_pg_read_all_stats(
 def test_privileged_role_is_reported_as_such(exporter: RunningExporter) -> None:
     scrape = exporter.scrape()
     assert scrape.value("pg_advisory_exporter_insufficient_privilege", target="main") == 0
-
-
-@pytest.fixture
-def own_server() -> Iterator[EmbeddedPostgres]:
-    """A server of this test's own, to stop and start."""
-    server = EmbeddedPostgres(major=PG_MAJOR)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 def _timed_scrape(exporter: RunningExporter, **headers: str) -> tuple[float, Scrape]:
