@@ -25,7 +25,18 @@ Session = Callable[..., psycopg.Connection[Any]]
 
 
 def _open_fds(exporter: RunningExporter) -> int:
+    """The exporter's open descriptors; the socket of a scrape just answered may take a
+    moment to close, so compare them with _wait_for."""
     return len(os.listdir(f"/proc/{exporter.process.pid}/fd"))
+
+
+def _settled_fds(exporter: RunningExporter) -> int:
+    """The exporter's open descriptors once no scrape's socket is still closing."""
+    counts = [_open_fds(exporter)]
+    while len(counts) < 3 or len(set(counts[-3:])) > 1:
+        time.sleep(0.1)
+        counts.append(_open_fds(exporter))
+    return counts[-1]
 
 
 def _backends(server: EmbeddedPostgres, user: str = "") -> list[int]:
@@ -67,7 +78,7 @@ def test_connect_timeouts_leave_no_socket_and_no_backend(
             "targets": [{"name": name, "dsn": monitor_dsn} for name in names],
         }
     )
-    baseline = _open_fds(exporter)
+    baseline = _settled_fds(exporter)
     assert _backends(pg, "monitor") == []
     # A new backend reads pg_database before it can serve anything: with the catalog locked
     # (as by a long DDL) the server accepts connections and never finishes starting them.
@@ -84,18 +95,22 @@ def test_connect_timeouts_leave_no_socket_and_no_backend(
         assert errors >= 16
         assert "timeout expired" in exporter.log()
         # Each timed-out attempt closed its socket at once.
-        assert _open_fds(exporter) == baseline
+        _wait_for(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
     finally:
         locker.rollback()
     # Backends started for attempts that timed out find their client gone and exit.
     _wait_for(lambda: _backends(pg, "monitor") == [], 10, "the exporter's backends exit")
-    assert _open_fds(exporter) == baseline
+    _wait_for(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
     # And the exporter recovers with one connection per target, no more.
     exporter.scrape_until(
         lambda s: all(s.value("pg_advisory_up", target=name) == 1 for name in names)
     )
     assert len(_backends(pg, "monitor")) == len(names)
-    assert _open_fds(exporter) == baseline + len(names)
+    _wait_for(
+        lambda: _open_fds(exporter) == baseline + len(names),
+        5,
+        "open descriptors: baseline + len(names)",
+    )
 
 
 def _timed_scrape(exporter: RunningExporter, **headers: str) -> tuple[float, Scrape]:
@@ -115,7 +130,7 @@ def test_a_frozen_backend_is_given_up_at_the_deadline(
     config = one_target(own_server.dsn(), connect_timeout="2s", statement_timeout="1s")
     exporter = start_exporter(config=config)
     assert exporter.scrape().value("pg_advisory_up", target="main") == 1
-    baseline = _open_fds(exporter)
+    baseline = _settled_fds(exporter)
     [frozen] = _backends(own_server)
     # A stopped backend (or a hung proxy) leaves the kernel acknowledging every packet:
     # no keepalive or TCP timeout ever fires, and the statement timeout cannot either.
@@ -131,7 +146,7 @@ def test_a_frozen_backend_is_given_up_at_the_deadline(
         assert scrape.value("pg_advisory_exporter_collect_errors_total", target="main") == 1
         assert "passed its deadline" in exporter.log()
         # The frozen connection was closed and replaced by one new connection.
-        assert _open_fds(exporter) == baseline
+        _wait_for(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
         assert len(_backends(own_server)) == 2
     finally:
         os.kill(frozen, signal.SIGCONT)
@@ -228,7 +243,7 @@ def test_a_reload_closes_the_connection_of_a_removed_target_even_mid_collection(
         ],
     }
     exporter = start_exporter(config=both)
-    baseline = _open_fds(exporter)  # nothing connected yet
+    baseline = _settled_fds(exporter)  # nothing connected yet
     assert exporter.scrape().value("pg_advisory_up", target="removed") == 1
     [frozen] = _backends(own_server)
     os.kill(frozen, signal.SIGSTOP)
@@ -284,7 +299,11 @@ class FreezingProxy:
                 sink.sendall(data)
 
     def close(self) -> None:
+        # shutdown() first: close() alone leaves a socket open while a thread is in recv()
+        # on it, and the server's backend would stay connected after the test.
         for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
 
@@ -305,3 +324,4 @@ def test_check_gives_up_on_a_hung_proxy(pg: EmbeddedPostgres, monitor_dsn: str) 
     assert result.returncode == 1, result.stderr
     assert "cannot collect: no answer within 4s" in result.stdout
     assert elapsed < 10
+    _wait_for(lambda: _backends(pg, "monitor") == [], 5, "the check's backend exits")
