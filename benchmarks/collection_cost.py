@@ -35,10 +35,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
-from exporter.capacity import lock_table_capacity
-from exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
-from exporter.registry import KeyConfig, Registry
-from exporter.snapshot import COLLECT_SQL, collect_sql, read_snapshot
+from pg_advisory_exporter.capacity import lock_table_capacity
+from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
+from pg_advisory_exporter.registry import KeyConfig, Registry
+from pg_advisory_exporter.snapshot import COLLECT_SQL, collect_sql, read_snapshot
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -305,7 +305,7 @@ def run_exporter(dsn: str, repeat: int) -> ExporterRun:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     command = [
-        sys.executable, "-m", "exporter", "--dsn", dsn,
+        sys.executable, "-m", "pg_advisory_exporter", "--dsn", dsn,
         "--web.listen-address", f"127.0.0.1:{port}",
         "--collection.min-interval", EXPORTER_MIN_INTERVAL,
     ]  # fmt: skip

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
+from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
 
 from .collection_cost import _proc_status_mb, _stop, progress
 
@@ -90,7 +90,7 @@ def _exporter(targets: dict[str, str], min_interval: str) -> Iterator[tuple[str,
         config_path.write_text(yaml.safe_dump(config))
         log_path = Path(folder) / "exporter.log"
         command = [
-            sys.executable, "-m", "exporter", "--config.file", str(config_path),
+            sys.executable, "-m", "pg_advisory_exporter", "--config.file", str(config_path),
             "--web.listen-address", f"127.0.0.1:{port}",
         ]  # fmt: skip
         started = time.perf_counter()

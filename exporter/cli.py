@@ -8,23 +8,22 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 
 from . import __version__, logs
 from .config import (
-    DEFAULT_LISTEN_ADDRESS,
-    FLAG_NAMES,
+    SETTINGS,
     Config,
     ConfigError,
+    Setting,
+    WebConfig,
     load,
     read_environment,
     read_flags,
 )
 from .daemon import Daemon
-from .demo import run_demo
-from .embedded_postgres import DEFAULT_MAJOR
 from .report import run_check
 from .rules import dump, prometheus_rule, rule_groups, thresholds_from
 
@@ -33,26 +32,17 @@ log = logging.getLogger("pg_advisory_exporter")
 EXIT_CONFIG = 2
 DEMO_LISTEN_ADDRESS = "127.0.0.1:9846"  # the demo's server is throwaway: keep it local
 
-_HELP = {
-    "dsn": "PostgreSQL connection string of the one server to watch (target name 'default'); "
-    "also PG_ADVISORY_EXPORTER_DSN or DATA_SOURCE_NAME",
-    "config_file": "YAML file with targets and collection settings",
-    "web_listen_address": f"address to listen on (default {DEFAULT_LISTEN_ADDRESS})",
-    "web_telemetry_path": "path under which to expose metrics (default /metrics)",
-    "log_level": "debug, info, warn or error (default info)",
-    "log_format": "logfmt or json (default logfmt)",
-    "statement_timeout": "server-side limit on one collection, e.g. 5s (default 5s)",
-    "lock_timeout": "server-side limit on waiting for a catalog lock (default 1s)",
-    "connect_timeout": "limit on opening a connection (default 3s)",
-    "min_interval": "scrapes within this time of the last collection reuse it (default 5s)",
-    "application_name_limit": "most distinct application_name values per target (default 100)",
-}
 
-
-def _flags(default: object) -> argparse.ArgumentParser:
+def _flags(default: object, settings: Iterable[Setting] = SETTINGS) -> argparse.ArgumentParser:
     flags = argparse.ArgumentParser(add_help=False)
-    for field, flag in FLAG_NAMES.items():
-        flags.add_argument(flag, dest=field, metavar="VALUE", default=default, help=_HELP[field])
+    for setting in settings:
+        flags.add_argument(
+            setting.flag,
+            dest=setting.dest,
+            metavar="VALUE",
+            default=default,
+            help=setting.help.replace("%", "%%"),  # argparse expands %(default)s and the like
+        )
     return flags
 
 
@@ -63,8 +53,8 @@ def _parser() -> argparse.ArgumentParser:
         parents=[_flags(None)],
     )
     # Flags may come before or after a command; SUPPRESS keeps a command's unset flags
-    # from overwriting ones given before it.
-    common = _flags(argparse.SUPPRESS)
+    # from overwriting ones given before it. `check` serves nothing: no web flags.
+    check_flags = _flags(argparse.SUPPRESS, (s for s in SETTINGS if s.block != "web"))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "--config.check",
@@ -75,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser(
         "check",
-        parents=[common],
+        parents=[check_flags],
         help="collect once and print a report: lock table, idle holders, waiters, top "
         "applications (exit status 1 if a server cannot be reached)",
     )
@@ -117,17 +107,20 @@ def _parser() -> argparse.ArgumentParser:
         dest="web_listen_address",
         metavar="VALUE",
         default=DEMO_LISTEN_ADDRESS,
-        help=f"address to listen on (default {DEMO_LISTEN_ADDRESS})",
+        help=f"{WebConfig.model_fields['listen_address'].description} "
+        f"(default {DEMO_LISTEN_ADDRESS})",
     )
     demo.add_argument(
-        "--pg-version", type=int, default=DEFAULT_MAJOR, help="PostgreSQL major version"
+        "--pg-version",
+        type=int,
+        help="PostgreSQL major version (default 15)",
     )
     return parser
 
 
 def _reader(args: argparse.Namespace) -> Callable[[], Config]:
     """Loads the configuration; a reload calls it again to reread the file."""
-    flags = read_flags({field: getattr(args, field) for field in FLAG_NAMES})
+    flags = read_flags({setting.dest: getattr(args, setting.dest) for setting in SETTINGS})
     env = read_environment()
     return lambda: load(flags, env)
 
@@ -178,7 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "rules":
         return _print_rules(args, argv)
     if args.command == "demo":
-        return run_demo(args.pg_version, args.web_listen_address)
+        # Development-only code (a throwaway server, pip downloads): imported here, never by
+        # the daemon.
+        from .demo import run_demo  # noqa: PLC0415
+        from .embedded_postgres import DEFAULT_MAJOR  # noqa: PLC0415
+
+        return run_demo(args.pg_version or DEFAULT_MAJOR, args.web_listen_address)
     try:
         reread = _reader(args)
         config = reread()

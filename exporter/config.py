@@ -18,22 +18,19 @@ import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import (
     AfterValidator,
-    AliasChoices,
     BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
 
 from .appnames import RewriteRule, compile_pattern, parse_template
 from .endpoints import RESERVED_PATHS
 from .registry import KeyConfig, check_configs
-from .schema import Strict, duration_within, parse_duration
+from .schema import PARSE_DURATION, Strict, duration_within, format_duration
 
 DEFAULT_LISTEN_ADDRESS = ":9846"
 DEFAULT_TARGET = "default"
@@ -72,20 +69,41 @@ class RewriteRuleConfig(Strict):
 # The most: a timeout longer than a scrape could ever wait is a typo, and a collection is
 # reused for min_interval, so days of it would serve one collection forever.
 _LEAST = 0.001
-Timeout = Annotated[float, BeforeValidator(parse_duration), duration_within(_LEAST, 600.0)]
-Interval = Annotated[float, BeforeValidator(parse_duration), duration_within(_LEAST, 3600.0)]
+Timeout = Annotated[float, PARSE_DURATION, duration_within(_LEAST, 600.0)]
+Interval = Annotated[float, PARSE_DURATION, duration_within(_LEAST, 3600.0)]
+
+
+class FileOnly:
+    """Marks a field that only the file sets: a list of rules has no flag or variable form."""
 
 
 class CollectionSettings(Strict):
-    """How one server is read; set for all targets, and overridable per target."""
+    """How one server is read; set for all targets, and overridable per target.
 
-    statement_timeout: Timeout = 5.0
-    lock_timeout: Timeout = 1.0
-    connect_timeout: Timeout = 3.0
-    min_interval: Interval = 5.0
-    reconnect_backoff_max: Interval = 30.0
-    application_name_limit: int = Field(default=100, ge=1)
-    application_name_rewrites: tuple[RewriteRuleConfig, ...] = ()
+    Each field is also a flag (--collection.min-interval) and an environment variable
+    (PG_ADVISORY_EXPORTER_MIN_INTERVAL), unless it is marked FileOnly: see SETTINGS.
+    """
+
+    statement_timeout: Timeout = Field(
+        default=5.0, description="server-side limit on one collection"
+    )
+    lock_timeout: Timeout = Field(
+        default=1.0, description="server-side limit on waiting for a catalog lock"
+    )
+    connect_timeout: Timeout = Field(default=3.0, description="limit on opening a connection")
+    min_interval: Interval = Field(
+        default=5.0, description="scrapes within this time of the last collection reuse it"
+    )
+    reconnect_backoff_max: Interval = Field(
+        default=30.0,
+        description="longest wait between attempts to reach a server that is down",
+    )
+    application_name_limit: int = Field(
+        default=100, ge=1, description="most distinct application_name values per target"
+    )
+    application_name_rewrites: Annotated[tuple[RewriteRuleConfig, ...], FileOnly()] = Field(
+        default=(), description="rewrites of application_name before it becomes a label"
+    )
 
     @property
     def scrape_wait(self) -> float:
@@ -137,7 +155,17 @@ def _dsn_hint(dsn: str) -> str:
     return "quote values that contain spaces, e.g. password='a b'"
 
 
+_URI_SCHEMES = ("postgresql://", "postgres://")
+
+
 def _dsn_parameters(dsn: str) -> dict[str, Any]:
+    # libpq reads any other scheme as a keyword=value string and complains of a missing "=".
+    scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", dsn)
+    if scheme and not dsn.startswith(_URI_SCHEMES):
+        raise ValueError(
+            f"malformed DSN: unknown scheme {scheme.group()!r} "
+            f"(a URI starts with {' or '.join(_URI_SCHEMES)})"
+        )
     try:
         params = conninfo_to_dict(dsn)
     except Exception as exc:  # psycopg raises ProgrammingError with libpq's message
@@ -157,8 +185,10 @@ def _check_dsn(dsn: str) -> str:
 def split_listen_address(address: str) -> tuple[str, int]:
     """("", 9846) from ":9846", ("127.0.0.1", 9846) from "127.0.0.1:9846", IPv6 in brackets."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not re.fullmatch(r"[0-9]+", port):
         raise ValueError(f"{address!r} is not host:port (for example :9846 or 127.0.0.1:9846)")
+    if int(port) > 65535:
+        raise ValueError(f"{address!r}: the port must be 0 to 65535 (0 picks a free port)")
     return host.strip("[]"), int(port)
 
 
@@ -216,13 +246,22 @@ class TargetConfig(Strict):
 
 
 class WebConfig(Strict):
-    listen_address: ListenAddress = DEFAULT_LISTEN_ADDRESS
-    telemetry_path: TelemetryPath = "/metrics"
+    listen_address: ListenAddress = Field(
+        default=DEFAULT_LISTEN_ADDRESS, description="host:port to serve on"
+    )
+    telemetry_path: TelemetryPath = Field(
+        default="/metrics", description="path under which to expose metrics"
+    )
 
 
 class LogConfig(Strict):
-    level: LogLevel = "info"
-    format: LogFormat = "logfmt"
+    level: LogLevel = Field(default="info", description="debug, info, warn or error")
+    format: LogFormat = Field(default="logfmt", description="logfmt or json")
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _warning_is_warn(cls, value: object) -> object:
+        return "warn" if value == "warning" else value
 
 
 class FileConfig(Strict):
@@ -252,51 +291,100 @@ class FileConfig(Strict):
         return targets
 
 
-_COLLECTION_OVERRIDES = (
-    "statement_timeout",
-    "lock_timeout",
-    "connect_timeout",
-    "min_interval",
-    "application_name_limit",
-)
+class ConfigFileSettings(Strict):
+    """Where the file is (--config.file): given by a flag or a variable, never by the file."""
+
+    file: Path | None = Field(
+        default=None, description="YAML file with targets and collection settings"
+    )
 
 
-class Overrides(BaseModel):
-    """Settings that a flag or an environment variable may set; unset ones are None."""
+class Overrides(Strict):
+    """What flags or environment variables give; only the fields that were set count.
 
-    model_config = ConfigDict(extra="forbid")
-
-    dsn: Dsn | None = Field(default=None, repr=False)
-    config_file: Path | None = None
-    web_listen_address: ListenAddress | None = None
-    web_telemetry_path: TelemetryPath | None = None
-    log_level: LogLevel | None = None
-    log_format: LogFormat | None = None
-    statement_timeout: Timeout | None = None
-    lock_timeout: Timeout | None = None
-    connect_timeout: Timeout | None = None
-    min_interval: Interval | None = None
-    application_name_limit: int | None = Field(default=None, ge=1)
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _warning_is_warn(cls, value: object) -> object:
-        return "warn" if value == "warning" else value
-
-
-_DSN_VARIABLES = (f"{ENV_PREFIX}DSN", "DATA_SOURCE_NAME")
-
-
-class EnvOverrides(BaseSettings, Overrides):
-    """The same settings from PG_ADVISORY_EXPORTER_* variables (and DATA_SOURCE_NAME)."""
-
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+    Every field of its blocks is a setting with a flag and a variable: see SETTINGS.
+    """
 
     dsn: Dsn | None = Field(
         default=None,
         repr=False,
-        validation_alias=AliasChoices(*_DSN_VARIABLES),
+        description="PostgreSQL connection string of the one server to watch, "
+        "target name 'default'",
     )
+    config: ConfigFileSettings = ConfigFileSettings()
+    web: WebConfig = WebConfig()
+    log: LogConfig = LogConfig()
+    collection: CollectionSettings = CollectionSettings()
+
+
+# How a block's variables are named after the prefix. The collection's have no block name
+# in them (PG_ADVISORY_EXPORTER_MIN_INTERVAL), as they were first published.
+_VARIABLE_INFIX = {"config": "config_", "web": "web_", "log": "log_", "collection": ""}
+# postgres_exporter's variable, so that its deployments keep working.
+_DSN_VARIABLES = (f"{ENV_PREFIX}DSN", "DATA_SOURCE_NAME")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of Overrides; its flag, variables and help follow from its field."""
+
+    block: str | None  # the Overrides block, which is also the file's; None for the DSN
+    name: str  # the field in that block
+    field: FieldInfo
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return (self.name,) if self.block is None else (self.block, self.name)
+
+    @property
+    def flag(self) -> str:
+        """--dsn, --config.file, --collection.min-interval."""
+        return "--" + ".".join(self.path).replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        """The key in argparse's results and read_flags(): the variable without the prefix."""
+        return self.name if self.block is None else _VARIABLE_INFIX[self.block] + self.name
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The variables that set it, the first one winning when several are set."""
+        own = f"{ENV_PREFIX}{self.dest.upper()}"
+        return _DSN_VARIABLES if own == _DSN_VARIABLES[0] else (own,)
+
+    @property
+    def default(self) -> str:
+        """The default as a person writes it ("5s", ":9846"); empty when there is none."""
+        value = self.field.default
+        if value is None:
+            return ""
+        return format_duration(value) if PARSE_DURATION in self.field.metadata else str(value)
+
+    @property
+    def help(self) -> str:
+        default = f"default {self.default}; " if self.default else ""
+        return f"{self.field.description} ({default}variable {' or '.join(self.variables)})"
+
+
+def _settings() -> tuple[Setting, ...]:
+    found: list[Setting] = []
+    for name, field in Overrides.model_fields.items():
+        block = field.annotation
+        if not (isinstance(block, type) and issubclass(block, BaseModel)):
+            found.append(Setting(None, name, field))
+            continue
+        found.extend(
+            Setting(name, inner, info)
+            for inner, info in block.model_fields.items()
+            if not any(isinstance(mark, FileOnly) for mark in info.metadata)
+        )
+    return tuple(found)
+
+
+# In the order --help and the README list them.
+SETTINGS = _settings()
+_BY_DEST = {setting.dest: setting for setting in SETTINGS}
+_BY_PATH = {setting.path: setting for setting in SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -324,58 +412,49 @@ def describe_error(error: Mapping[str, Any]) -> str:
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-FLAG_NAMES = {
-    "dsn": "--dsn",
-    "config_file": "--config.file",
-    "web_listen_address": "--web.listen-address",
-    "web_telemetry_path": "--web.telemetry-path",
-    "log_level": "--log.level",
-    "log_format": "--log.format",
-    "statement_timeout": "--collection.statement-timeout",
-    "lock_timeout": "--collection.lock-timeout",
-    "connect_timeout": "--collection.connect-timeout",
-    "min_interval": "--collection.min-interval",
-    "application_name_limit": "--collection.application-name-limit",
-}
-
-
-def read_flags(values: Mapping[str, object]) -> Overrides:
-    """Validate the flags that were given (argparse leaves the others as None)."""
+def _validate(values: Mapping[str, object], sources: Mapping[str, str]) -> Overrides:
+    """Overrides from values by dest; sources name where each came from, for errors."""
+    blocks: dict[str, Any] = {}
+    for dest, value in values.items():
+        setting = _BY_DEST[dest]
+        if setting.block is None:
+            blocks[setting.name] = value
+        else:
+            blocks.setdefault(setting.block, {})[setting.name] = value
     try:
-        return Overrides.model_validate({k: v for k, v in values.items() if v is not None})
+        return Overrides.model_validate(blocks)
     except ValidationError as exc:
         raise ConfigError(
             "\n".join(
-                f"flag {FLAG_NAMES[str(e['loc'][0])]}: {describe_error(e)}" for e in exc.errors()
+                f"{sources[_BY_PATH[tuple(map(str, e['loc'][:2]))].dest]}: {describe_error(e)}"
+                for e in exc.errors()
             )
         ) from None
 
 
+def read_flags(values: Mapping[str, object]) -> Overrides:
+    """Validate the flags that were given, by dest (argparse leaves the others as None)."""
+    given = {dest: value for dest, value in values.items() if value is not None}
+    return _validate(given, {dest: f"flag {_BY_DEST[dest].flag}" for dest in given})
+
+
 def _spelled(name: str) -> str | None:
-    """The variable as it is set: pydantic-settings reads names in any case."""
+    """The variable as it is set: names are read in any case, as they always were."""
+    if name in os.environ:
+        return name
     return next((key for key in os.environ if key.upper() == name), None)
-
-
-def _variable(field: str) -> str:
-    """The variable a field's error came from, spelled as it is set."""
-    if field in _DSN_VARIABLES:  # the error names the first alias, not the one set
-        return next(filter(None, map(_spelled, _DSN_VARIABLES)), field)
-    name = f"{ENV_PREFIX}{field.upper()}"
-    return _spelled(name) or name
 
 
 def read_environment() -> Overrides:
     """Validate the PG_ADVISORY_EXPORTER_* variables and DATA_SOURCE_NAME that are set."""
-    try:
-        env = EnvOverrides()
-    except ValidationError as exc:
-        raise ConfigError(
-            "\n".join(
-                f"environment variable {_variable(str(e['loc'][0]))}: {describe_error(e)}"
-                for e in exc.errors()
-            )
-        ) from None
-    return Overrides.model_validate(env.model_dump(exclude_unset=True))
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        spelled = next(filter(None, map(_spelled, setting.variables)), None)
+        if spelled is not None:
+            values[setting.dest] = os.environ[spelled]
+            sources[setting.dest] = f"environment variable {spelled}"
+    return _validate(values, sources)
 
 
 # A 10,000-target fleet file is about 1.5 MB, while a 50 MB file took a minute and half a
@@ -497,49 +576,43 @@ def _read_file(path: Path) -> FileConfig:
     return file
 
 
-def _given(values: Mapping[str, object]) -> dict[str, object]:
-    return {key: value for key, value in values.items() if value is not None}
+def _given(model: BaseModel) -> dict[str, Any]:
+    """The fields that were set, as they are (model_dump would turn models into dicts)."""
+    return {name: getattr(model, name) for name in model.model_fields_set}
+
+
+def _chosen(flags: Overrides, env: Overrides, block: str) -> dict[str, Any]:
+    """A block's settings given by variables or flags, the flags winning."""
+    return {**_given(getattr(env, block)), **_given(getattr(flags, block))}
 
 
 def load(flags: Overrides, env: Overrides) -> Config:
     """Merge the file (if any), the environment and the flags into one Config."""
-    chosen = env.model_copy(update=_given(flags.model_dump()))
-    if chosen.config_file is not None and chosen.dsn is not None:
+    dsn: str | None = {**_given(env), **_given(flags)}.get("dsn")
+    config_file: Path | None = _chosen(flags, env, "config").get("file")
+    if config_file is not None and dsn is not None:
         raise ConfigError(
             "both a DSN and --config.file were given: list the server in the file's targets, "
             "or leave the file out"
         )
-    if chosen.config_file is not None:
-        file = _read_file(chosen.config_file)
-    elif chosen.dsn is not None:
-        file = FileConfig(targets=(TargetConfig(name=DEFAULT_TARGET, dsn=chosen.dsn),))
+    if config_file is not None:
+        file = _read_file(config_file)
+    elif dsn is not None:
+        file = FileConfig(targets=(TargetConfig(name=DEFAULT_TARGET, dsn=dsn),))
     else:
         raise ConfigError(
             "no server to watch: give --dsn or --config.file, "
             f"or set {ENV_PREFIX}DSN or DATA_SOURCE_NAME"
         )
-    web = file.web.model_copy(
-        update=_given(
-            {
-                "listen_address": chosen.web_listen_address,
-                "telemetry_path": chosen.web_telemetry_path,
-            }
-        )
-    )
-    log = file.log.model_copy(
-        update=_given({"level": chosen.log_level, "format": chosen.log_format})
-    )
+    web = file.web.model_copy(update=_chosen(flags, env, "web"))
+    log = file.log.model_copy(update=_chosen(flags, env, "log"))
     # Flags and variables set the defaults for every target; a target's own block wins.
-    defaults = file.collection.model_copy(
-        update=_given({name: getattr(chosen, name) for name in _COLLECTION_OVERRIDES})
-    )
+    defaults = file.collection.model_copy(update=_chosen(flags, env, "collection"))
     targets = tuple(
         target.model_copy(
             update={
                 "collection": defaults.model_copy(
-                    update=target.collection.model_dump(exclude_unset=True)
-                    if target.collection
-                    else {}
+                    update=_given(target.collection) if target.collection else {}
                 ),
                 "keys": file.keys + target.keys,
             }

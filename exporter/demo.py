@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import psycopg
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from pydantic import ValidationError
@@ -232,10 +234,38 @@ KEYS = (
 )  # fmt: skip
 
 
-def _config(web: WebConfig, dsn: str) -> Config:
+def demo_config(web: WebConfig, dsn: str) -> Config:
     collection = CollectionSettings(min_interval=2, application_name_rewrites=(POD_SUFFIX,))
     target = TargetConfig(name="demo", dsn=dsn, collection=collection, keys=KEYS)
     return Config(web=web, log=LogConfig(), targets=(target,))
+
+
+def config_file_text(config: Config) -> str:
+    """The demo's targets as a configuration file, with their keys, rewrites and settings.
+
+    `check` reads it, so that its report names the keys and applications as the demo's
+    exporter does.
+    """
+    targets = [t.model_dump(mode="json", exclude_defaults=True) for t in config.targets]
+    return yaml.safe_dump({"targets": targets}, sort_keys=False)
+
+
+def check_command(config_file: Path) -> str:
+    """The `check` command to paste, working as printed: this very Python, the demo's file.
+
+    Not the bare console script: outside the virtualenv it is not on PATH.
+    """
+    command = [sys.executable, "-m", "pg_advisory_exporter", "check", "--config.file"]
+    return shlex.join([*command, str(config_file)])
+
+
+def _write_config_file(config: Config, directory: Path) -> Path:
+    # The DSN holds the throwaway server's password: the file is for this user alone. It
+    # goes with the server's directory when the demo ends.
+    path = directory / "exporter.yaml"
+    path.touch(mode=0o600)
+    path.write_text(config_file_text(config))
+    return path
 
 
 def _start_exporter(config: Config) -> Daemon:
@@ -272,13 +302,13 @@ def _complain(text: str) -> None:
     print(f"pg-advisory-exporter demo: {text}", file=sys.stderr, flush=True)
 
 
-def _introduce(daemon: Daemon, dsn: str) -> None:
+def _introduce(daemon: Daemon, report: str) -> None:
     _say("playing:")
     for play in PLAYS:
         _say(f"  {play.who:<22} {play.what}")
     _say(f"metrics:      {daemon.url}")
     _say(f"landing page: {daemon.url.removesuffix(daemon.config.web.telemetry_path)}/")
-    _say(f"a report:     pg-advisory-exporter check --dsn {shlex.quote(dsn)}")
+    _say(f"a report:     {report}")
     _say(f"a summary of the metrics follows every {SUMMARY_INTERVAL:.0f}s; Ctrl-C stops")
 
 
@@ -369,7 +399,9 @@ def _run(pg_version: int, web: WebConfig, stop: threading.Event, cleanup: ExitSt
     pg = EmbeddedPostgres(major=pg_version)
     cleanup.callback(_remove, pg)
     _say(f"data directory: {pg.basedir}")
-    daemon = _start_exporter(_config(web, pg.dsn()))
+    config = demo_config(web, pg.dsn())
+    config_file = _write_config_file(config, pg.basedir)
+    daemon = _start_exporter(config)
     cleanup.callback(daemon.shutdown)
     pg.start(**SERVER_SETTINGS)
     with pg.connect() as conn:
@@ -378,7 +410,7 @@ def _run(pg_version: int, web: WebConfig, stop: threading.Event, cleanup: ExitSt
     cleanup.callback(stage.close)
     for play in PLAYS:
         stage.play(play.who, play.scenario)
-    _introduce(daemon, pg.dsn())
+    _introduce(daemon, check_command(config_file))
     while not stop.wait(SUMMARY_INTERVAL):
         _print_summary(daemon.url)
 

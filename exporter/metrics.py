@@ -178,9 +178,18 @@ class Sample:
 
 
 def families(samples: Iterable[Sample]) -> list[Metric]:
-    """One metric family per name, in contract order, built fresh for this scrape."""
+    """One metric family per name, in contract order, built fresh for this scrape.
+
+    A sample that the contract does not define, or with the wrong number of label values,
+    is a bug: it raises rather than vanish from the exposition.
+    """
     by_name: dict[str, list[Sample]] = defaultdict(list)
     for sample in samples:
+        spec = SPECS.get(sample.name)
+        if spec is None:
+            raise ValueError(f"{sample.name} is not in the metric contract")
+        if len(sample.labels) != len(spec.labels):
+            raise ValueError(f"{sample.name} takes labels {spec.labels}, got {sample.labels}")
         by_name[sample.name].append(sample)
     result: list[Metric] = []
     for name, spec in SPECS.items():
@@ -195,6 +204,40 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
             family.add_metric(sample.labels, sample.value)
         result.append(family)
     return result
+
+
+def build_info(version: str, python_version: str) -> Sample:
+    return Sample("pg_advisory_exporter_build_info", (version, python_version), 1)
+
+
+def target_series(
+    target: str,
+    server: Sequence[Sample],
+    *,
+    duration: float,
+    errors_total: int,
+    last_success_unix: float | None,
+    insufficient_privilege: bool | None,
+    folded_application_names: int,
+) -> list[Sample]:
+    """A target's series for one scrape: its server series (`pg_advisory_up 0` when the
+    collection failed and there are none), then the exporter's own about that collection."""
+    name = (target,)
+    samples = list(server) or [Sample("pg_advisory_up", name, 0)]
+    samples += [
+        Sample("pg_advisory_exporter_collect_duration_seconds", name, duration),
+        Sample("pg_advisory_exporter_collect_errors_total", name, errors_total),
+    ]
+    if last_success_unix is not None:
+        samples.append(
+            Sample("pg_advisory_exporter_last_success_timestamp_seconds", name, last_success_unix)
+        )
+    if insufficient_privilege is not None:  # known once a collection succeeded
+        samples += [
+            Sample("pg_advisory_exporter_insufficient_privilege", name, insufficient_privilege),
+            Sample("pg_advisory_exporter_folded_application_names", name, folded_application_names),
+        ]
+    return samples
 
 
 # pg_stat_activity.state values as the `state` label spells them.

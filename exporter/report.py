@@ -12,11 +12,11 @@ import psycopg
 
 from .capacity import lock_table_capacity
 from .config import Config, TargetConfig, redact
+from .connection import CannotCollect, interrupt, open_session
 from .metrics import IDLE_STATES, counted_uses, key_groups, state_label
 from .registry import Registry
 from .scheduling import Watchdog
 from .snapshot import BackendLocks, ServerSnapshot, read_snapshot
-from .target import CannotCollect, interrupt, open_session
 
 EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,6 +266,12 @@ def dump(document: dict[str, Any], command_args: str = "") -> str:
     return HEADER.format(args=command_args) + body
 
 
+def _problem(error: Mapping[str, Any]) -> str:
+    if error["type"] == "extra_forbidden":
+        return f"unknown field; the thresholds are {', '.join(Thresholds.model_fields)}"
+    return describe_error(error)
+
+
 def thresholds_from(file: Path | None, settings: Sequence[str]) -> Thresholds:
     """Thresholds from a YAML file of overrides, then NAME=VALUE settings over it."""
     values: dict[str, Any] = {}
@@ -280,9 +286,7 @@ def thresholds_from(file: Path | None, settings: Sequence[str]) -> Thresholds:
             values = Thresholds.model_validate(loaded).model_dump(exclude_unset=True)
         except ValidationError as exc:
             raise ConfigError(
-                "\n".join(
-                    f"{file}: {location(e['loc'])}: {describe_error(e)}" for e in exc.errors()
-                )
+                "\n".join(f"{file}: {location(e['loc'])}: {_problem(e)}" for e in exc.errors())
             ) from None
     for setting in settings:
         name, sep, value = setting.partition("=")
@@ -292,6 +296,6 @@ def thresholds_from(file: Path | None, settings: Sequence[str]) -> Thresholds:
             Thresholds.model_validate({**values, name: value})
         except ValidationError as exc:
             error = exc.errors()[0]
-            raise ConfigError(f"flag --set {name}: {describe_error(error)}") from None
+            raise ConfigError(f"flag --set {name}: {_problem(error)}") from None
         values[name] = value
     return Thresholds.model_validate(values)

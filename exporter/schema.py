@@ -32,7 +32,9 @@ def parse_duration(value: object) -> object:
     return sum(float(p.group(1)) * _DURATION_UNITS[p.group(2)] for p in parts)
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
+# The mark of a duration: a field's metadata holds it, so its default can be shown as one.
+PARSE_DURATION = BeforeValidator(parse_duration)
+Duration = Annotated[float, PARSE_DURATION, Field(gt=0, allow_inf_nan=False)]
 
 
 def format_duration(seconds: float) -> str:

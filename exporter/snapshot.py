@@ -39,6 +39,9 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 # - The key registry arrives as arrays and is matched by hash joins: exact keys on all
 #   three key columns, namespaces on the first int. A join costs a hash probe per row, so
 #   it is only there when the registry has keys of that kind.
+# - Deadlocks are read for every database but the templates (datistemplate, template0,
+#   template1 and any made with IS_TEMPLATE): a template is copied, not worked in, so its
+#   series would only be noise. The join also drops the shared-objects row (datid 0).
 # - {key_columns} and {key_rollup} are where the one-shot report adds the lowest key a
 #   backend holds and the key it awaits.
 _COLLECT_TEMPLATE = """
@@ -93,7 +96,8 @@ SELECT
     pg_catalog.current_database() AS current_database,
     (SELECT pg_catalog.json_object_agg(d.datname, d.deadlocks)
        FROM pg_catalog.pg_stat_database AS d
-      WHERE d.datname IS NOT NULL) AS deadlocks,
+       JOIN pg_catalog.pg_database AS db ON db.oid = d.datid
+      WHERE NOT db.datistemplate) AS deadlocks,
     t.lock_table_entries,
     t.backend_table_entries_max,
     b.*,

@@ -20,8 +20,8 @@ from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from exporter.metrics import SPECS
-from exporter.rules import RUNBOOK_URL, Thresholds, prometheus_duration
+from pg_advisory_exporter.metrics import SPECS
+from pg_advisory_exporter.rules import RUNBOOK_URL, Thresholds, prometheus_duration
 
 UID = "pg-advisory-locks"
 TITLE = "PostgreSQL advisory locks"

@@ -1,5 +1,5 @@
 """Fixtures: a real PostgreSQL started by the suite, real sessions, the real exporter, and
-Debian-packaged Prometheus and Alertmanager."""
+Debian-packaged Prometheus and Alertmanager; and the tiers each test belongs to."""
 
 from __future__ import annotations
 
@@ -7,35 +7,72 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
-import time
-import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+from support import (
+    MONITOR_PASSWORD,
+    PG_MAJOR,
+    PLAIN_PASSWORD,
+    Cli,
+    Config,
+    Connection,
+    OneTarget,
+    RunningExporter,
+    Scrape,
+    Session,
+    SilentServer,
+    StartExporter,
+    StartService,
+    cli_command,
+    run_cli,
+    wait_until,
+)
 
-from exporter.embedded_postgres import (
-    DEFAULT_MAJOR,
+from pg_advisory_exporter.embedded_postgres import (
     EmbeddedPostgres,
     find_server_binaries,
     free_port,
 )
 
-PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
-MONITOR_PASSWORD = "monitor-s3cret-pw"
-PLAIN_PASSWORD = "plain-s3cret-pw"
+# test_connections.py and test_packaging.py import these from here.
+__all__ = ["RunningExporter", "Scrape", "SilentServer"]
+
+# Fixtures that start a PostgreSQL server: a test that uses one, directly or through another
+# fixture, depends on the server's version (marker `pg`) and runs once per version.
+SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
+# Fixtures that run another program: the exporter's daemon or command, Prometheus,
+# Alertmanager, PgBouncer, promtool, amtool, kubectl.
+PROGRAM_FIXTURES = frozenset(
+    {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl"}
+)
 
 
-def pytest_report_header() -> str:
-    return f"PostgreSQL {PG_MAJOR} (server binaries in {find_server_binaries(PG_MAJOR)})"
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by these markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`pg` for the tests that need a server, `integration` for those and the tests that run
+    another program, `unit` for the rest; a test may also carry `pg` or `integration` itself
+    when it starts a server without a fixture."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.pg)
+        if item.get_closest_marker("pg") or fixtures & PROGRAM_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+        if not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.unit)
+
+
+def pytest_report_collectionfinish(items: list[pytest.Item]) -> list[str]:
+    # Only when a selected test needs a server: finding the binaries may download them.
+    if not any(item.get_closest_marker("pg") for item in items):
+        return []
+    return [f"PostgreSQL {PG_MAJOR} (server binaries in {find_server_binaries(PG_MAJOR)})"]
 
 
 @pytest.fixture(scope="session")
@@ -84,13 +121,13 @@ def plain_dsn(pg: EmbeddedPostgres) -> str:
 
 
 @pytest.fixture
-def session(pg: EmbeddedPostgres) -> Iterator[Callable[..., psycopg.Connection[Any]]]:
+def session(pg: EmbeddedPostgres) -> Iterator[Session]:
     """Open application sessions (autocommit unless asked) that close at the end of the test."""
-    opened: list[psycopg.Connection[Any]] = []
+    opened: list[Connection] = []
 
     def open_session(
         application_name: str, dbname: str = "postgres", autocommit: bool = True
-    ) -> psycopg.Connection[Any]:
+    ) -> Connection:
         conn = psycopg.connect(
             pg.dsn(dbname), autocommit=autocommit, application_name=application_name
         )
@@ -103,90 +140,16 @@ def session(pg: EmbeddedPostgres) -> Iterator[Callable[..., psycopg.Connection[A
         conn.close()
 
 
-Labels = dict[str, str]
-
-
-@dataclass
-class Scrape:
-    """One parsed answer of /metrics."""
-
-    text: str
-    samples: list[tuple[str, Labels, float]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.samples = [
-            (s.name, dict(s.labels), s.value)
-            for family in text_string_to_metric_families(self.text)
-            for s in family.samples
-        ]
-
-    def find(self, name: str, **labels: str) -> list[tuple[Labels, float]]:
-        return [
-            (sample_labels, value)
-            for sample_name, sample_labels, value in self.samples
-            if sample_name == name and labels.items() <= sample_labels.items()
-        ]
-
-    def value(self, name: str, **labels: str) -> float:
-        """The one sample that matches; fails the test if there are none or several."""
-        found = self.find(name, **labels)
-        assert len(found) == 1, f"expected one {name} with {labels}, found {found}"
-        return found[0][1]
-
-    def label_values(self, label: str) -> set[str]:
-        return {labels[label] for _, labels, _ in self.samples if label in labels}
-
-
-@dataclass
-class RunningExporter:
-    process: subprocess.Popen[str]
-    port: int
-    log_path: Path
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def get(
-        self, path: str, headers: dict[str, str] | None = None, method: str = "GET"
-    ) -> tuple[int, str]:
-        request = urllib.request.Request(self.base + path, headers=headers or {}, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
-
-    def scrape(self) -> Scrape:
-        status, body = self.get("/metrics")
-        assert status == 200, body
-        return Scrape(body)
-
-    def scrape_until(self, check: Callable[[Scrape], bool], timeout: float = 20.0) -> Scrape:
-        """Scrape until `check` holds; fail with the last scrape if it never does."""
-        deadline = time.monotonic() + timeout
-        while True:
-            scrape = self.scrape()
-            if check(scrape):
-                return scrape
-            if time.monotonic() > deadline:
-                pytest.fail(f"condition not met within {timeout}s; last scrape:\n{scrape.text}")
-            time.sleep(0.2)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-
 @pytest.fixture
-def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
+def start_exporter(tmp_path: Path) -> Iterator[StartExporter]:
     """Run the real `pg-advisory-exporter` command; it is stopped when the test ends."""
     running: list[RunningExporter] = []
 
     def start(
-        *args: str, config: dict[str, Any] | None = None, env: dict[str, str] | None = None
+        *args: str, config: Config | None = None, env: Mapping[str, str] | None = None
     ) -> RunningExporter:
         port = free_port()
-        command = [sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}"]
+        command = cli_command("--web.listen-address", f"127.0.0.1:{port}")
         if config is not None:
             config_path = tmp_path / f"config-{port}.yaml"
             config_path.write_text(yaml.safe_dump(config))
@@ -201,17 +164,18 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
         )
         exporter = RunningExporter(process, port, log_path)
         running.append(exporter)
-        deadline = time.monotonic() + 15
-        while True:
+
+        def listening() -> bool:
             if process.poll() is not None:
                 pytest.fail(f"exporter exited with {process.returncode}:\n{exporter.log()}")
             try:
                 exporter.get("/")
-                return exporter
             except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"exporter did not start listening:\n{exporter.log()}")
-                time.sleep(0.1)
+                return False
+            return True
+
+        wait_until(listening, 15, lambda: f"the exporter listening:\n{exporter.log()}")
+        return exporter
 
     yield start
     for exporter in running:
@@ -220,10 +184,16 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
 
 
 @pytest.fixture
-def one_target() -> Callable[..., dict[str, Any]]:
+def cli() -> Cli:
+    """The real command in a subprocess (`support.run_cli`)."""
+    return run_cli
+
+
+@pytest.fixture
+def one_target() -> OneTarget:
     """A config file with one target; short intervals so tests see changes at once."""
 
-    def config(dsn: str, name: str = "main", **collection: Any) -> dict[str, Any]:
+    def config(dsn: str, name: str = "main", **collection: str) -> Config:
         return {
             "collection": {"min_interval": "1ms", "reconnect_backoff_max": "1s", **collection},
             "targets": [{"name": name, "dsn": dsn}],
@@ -233,7 +203,7 @@ def one_target() -> Callable[..., dict[str, Any]]:
 
 
 @pytest.fixture
-def start_service(tmp_path: Path) -> Iterator[Callable[..., int]]:
+def start_service(tmp_path: Path) -> Iterator[StartService]:
     """Start a Debian-packaged server on 127.0.0.1; it is stopped when the test ends."""
     processes: list[subprocess.Popen[bytes]] = []
 
@@ -241,25 +211,26 @@ def start_service(tmp_path: Path) -> Iterator[Callable[..., int]]:
         path = shutil.which(binary)
         assert path, f"{binary} is not installed (the test command installs it)"
         port = free_port()
-        log = (tmp_path / f"{binary}.log").open("wb")
+        log_path = tmp_path / f"{binary}.log"
         process = subprocess.Popen(
             [path, f"--web.listen-address=127.0.0.1:{port}", *args],
-            stdout=log,
+            stdout=log_path.open("wb"),
             stderr=subprocess.STDOUT,
             cwd=tmp_path,
         )
         processes.append(process)
-        deadline = time.monotonic() + 30
-        while True:
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                pytest.fail(f"{binary} exited:\n{log_path.read_text()}")
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2)
-                return port
             except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(
-                        f"{binary} did not start:\n{(tmp_path / f'{binary}.log').read_text()}"
-                    )
-                time.sleep(0.2)
+                return False
+            return True
+
+        wait_until(ready, 30, lambda: f"{binary} ready:\n{log_path.read_text()}", 0.2)
+        return port
 
     yield start
     for process in processes:
@@ -267,22 +238,37 @@ def start_service(tmp_path: Path) -> Iterator[Callable[..., int]]:
         process.wait(timeout=15)
 
 
+def _installed(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is not installed (the test command installs Debian's packages)"
+    return path
+
+
+@pytest.fixture
+def promtool() -> str:
+    return _installed("promtool")
+
+
+@pytest.fixture
+def amtool() -> str:
+    return _installed("amtool")
+
+
+@pytest.fixture
+def kubectl() -> str:
+    """Optional: the test command does not install it."""
+    path = shutil.which("kubectl")
+    if path is None:
+        pytest.skip("kubectl is not installed")
+    return path
+
+
 @pytest.fixture
 def exporter(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
-    monitor_dsn: str,
+    start_exporter: StartExporter, one_target: OneTarget, monitor_dsn: str
 ) -> RunningExporter:
     """The exporter watching the suite's server as the monitoring role; tests may override."""
     return start_exporter(config=one_target(monitor_dsn))
-
-
-@dataclass
-class SilentServer:
-    """A port that accepts connections and never answers, like a hung server."""
-
-    port: int
-    accepted: list[socket.socket]  # every connection made to it
 
 
 @pytest.fixture

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,9 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from conftest import RunningExporter
+from support import Cli, OneTarget, StartExporter, StartService, wait_until
 
-from exporter.embedded_postgres import free_port
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
 
 ROOT = Path(__file__).parent.parent
 ARRIVES_WITHIN = 60.0
@@ -30,19 +27,20 @@ class Webhook:
 
     port: int
     alerts: list[dict[str, Any]] = field(default_factory=list)
-    arrived: threading.Condition = field(default_factory=threading.Condition)
 
     def wait_for(self, alertname: str, status: str) -> dict[str, Any]:
-        deadline = time.monotonic() + ARRIVES_WITHIN
-        with self.arrived:
-            while True:
-                for alert in self.alerts:
-                    if alert["labels"]["alertname"] == alertname and alert["status"] == status:
-                        return alert
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    pytest.fail(f"no {status} {alertname} within {ARRIVES_WITHIN}s: {self.alerts}")
-                self.arrived.wait(remaining)
+        found: list[dict[str, Any]] = []
+
+        def arrived() -> bool:
+            found[:] = [
+                alert
+                for alert in list(self.alerts)  # a copy: the server's thread appends
+                if alert["labels"]["alertname"] == alertname and alert["status"] == status
+            ]
+            return bool(found)
+
+        wait_until(arrived, ARRIVES_WITHIN, lambda: f"a {status} {alertname}: {self.alerts}")
+        return found[0]
 
 
 @pytest.fixture
@@ -52,9 +50,7 @@ def webhook() -> Iterator[Webhook]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with hook.arrived:
-                hook.alerts.extend(body["alerts"])
-                hook.arrived.notify_all()
+            hook.alerts.extend(body["alerts"])
             self.send_response(200)
             self.end_headers()
 
@@ -79,25 +75,22 @@ def _alertmanager_config(webhook: Webhook) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_a_leaked_lock_pages_and_resolves(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
+    start_exporter: StartExporter,
+    one_target: OneTarget,
     monitor_dsn: str,
-    pg: Any,
+    pg: EmbeddedPostgres,
     webhook: Webhook,
-    start_service: Callable[..., int],
+    start_service: StartService,
     tmp_path: Path,
+    cli: Cli,
 ) -> None:
     exporter = start_exporter(config=one_target(monitor_dsn, name="orders"))
 
     # The documented tuning: the generator with lowered thresholds.
     rules = tmp_path / "rules.yml"
     rules.write_text(
-        subprocess.run(
-            [sys.executable, "-m", "exporter",
-             "rules", "--set", "leaked_lock_after=2s", "--set", "leaked_lock_for=1s",
-             "--set", "exporter_job=pg-advisory"],
-            capture_output=True, text=True, check=True,
-        ).stdout
+        cli("rules", "--set", "leaked_lock_after=2s", "--set", "leaked_lock_for=1s",
+            "--set", "exporter_job=pg-advisory", check=True).stdout
     )  # fmt: skip
 
     (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(_alertmanager_config(webhook)))

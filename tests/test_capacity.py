@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import PG_MAJOR
+from support import PG_MAJOR
 
-from exporter.capacity import CapacitySettings, lock_table_capacity, max_backends
-from exporter.embedded_postgres import EmbeddedPostgres
-from exporter.snapshot import read_snapshot
+from pg_advisory_exporter.capacity import CapacitySettings, lock_table_capacity, max_backends
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.snapshot import read_snapshot
 
 DEFAULTS = {
     "max_locks_per_transaction": 64,
@@ -70,6 +70,7 @@ _CONFIGURATIONS = [
 
 
 @pytest.mark.slow
+@pytest.mark.pg  # starts its own server, under two configurations
 def test_capacity_matches_the_running_servers_own_slot_count() -> None:
     server = EmbeddedPostgres(major=PG_MAJOR)
     headers = []

@@ -5,17 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from support import Cli, Config
 
-from exporter.cli import main
-from exporter.config import (
+from pg_advisory_exporter.cli import main
+from pg_advisory_exporter.config import (
     MAX_FILE_BYTES,
     ConfigError,
     Overrides,
@@ -23,9 +21,9 @@ from exporter.config import (
     read_environment,
     read_flags,
 )
-from exporter.embedded_postgres import free_port
-from exporter.logs import LogfmtFormatter
-from exporter.schema import parse_duration
+from pg_advisory_exporter.embedded_postgres import free_port
+from pg_advisory_exporter.logs import LogfmtFormatter
+from pg_advisory_exporter.schema import parse_duration
 
 DSN = "postgresql://monitor@db.example:5432/postgres"
 
@@ -37,7 +35,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-def _write(tmp_path: Path, content: Any) -> Path:
+def _write(tmp_path: Path, content: str | Config) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(content if isinstance(content, str) else yaml.safe_dump(content))
     return path
@@ -97,7 +95,7 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     ],
 )
 def test_file_errors_name_the_file_and_the_path(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: Any, expected: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | Config, expected: str
 ) -> None:
     path = _write(tmp_path, content)
     message = _error(capsys, "--config.file", str(path))
@@ -219,28 +217,16 @@ def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-def test_the_real_command_exits_2_on_a_bad_configuration(tmp_path: Path) -> None:
+def test_the_real_command_exits_2_on_a_bad_configuration(tmp_path: Path, cli: Cli) -> None:
     path = _write(tmp_path, {"targets": [{"name": "a", "dsn": DSN, "extra": 1}]})
-    result = subprocess.run(
-        [sys.executable, "-m", "exporter", "--config.file", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = cli("--config.file", str(path))
     assert result.returncode == 2
     assert f"{path}: targets[0].extra: unknown field" in result.stderr
 
 
-def test_check_exits_non_zero_when_it_cannot_connect() -> None:
+def test_check_exits_non_zero_when_it_cannot_connect(cli: Cli) -> None:
     dsn = f"host=127.0.0.1 port={free_port()} user=x dbname=x connect_timeout=2"
-    result = subprocess.run(
-        [sys.executable, "-m", "exporter", "check", "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = cli("check", "--dsn", dsn)
     assert result.returncode == 1
     assert "cannot collect" in result.stdout
     assert "Connection refused" in result.stdout
@@ -261,22 +247,10 @@ def test_overrides_reject_unknown_settings() -> None:
         Overrides.model_validate({"nonsense": 1})
 
 
-def _check(*argv: str, **environment: str) -> subprocess.CompletedProcess[str]:
-    """`--config.check` through the real command, with these variables added."""
-    result = subprocess.run(
-        [sys.executable, "-m", "exporter", *argv, "--config.check"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, **environment},
-    )
+def _refused(cli: Cli, *argv: str, **environment: str) -> str:
+    """The error of `--config.check` through the real command, with these variables added."""
+    result = cli(*argv, "--config.check", env=environment)
     assert "Traceback" not in result.stderr
-    return result
-
-
-def _refused(*argv: str, **environment: str) -> str:
-    result = _check(*argv, **environment)
     assert result.returncode == 2, result.stderr
     return result.stderr
 
@@ -369,9 +343,11 @@ ONE_TARGET = f"targets:\n  - name: a\n    dsn: {DSN}\n"
         ),
     ],
 )
-def test_the_check_refuses_what_cannot_run(tmp_path: Path, content: str, expected: str) -> None:
+def test_the_check_refuses_what_cannot_run(
+    tmp_path: Path, content: str, expected: str, cli: Cli
+) -> None:
     path = _write(tmp_path, content)
-    message = _refused("--config.file", str(path))
+    message = _refused(cli, "--config.file", str(path))
     assert f"{path}: " in message
     assert expected in message
     # A reload reads the file the same way, and refuses it only on a ConfigError.
@@ -379,23 +355,23 @@ def test_the_check_refuses_what_cannot_run(tmp_path: Path, content: str, expecte
         load(read_flags({"config_file": str(path)}), read_environment())
 
 
-def test_a_file_too_big_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+def test_a_file_too_big_is_refused_before_it_is_parsed(tmp_path: Path, cli: Cli) -> None:
     path = tmp_path / "huge.yaml"
     with path.open("w") as file:
         file.write(ONE_TARGET)
         file.write("#" * MAX_FILE_BYTES)
     started = time.monotonic()
-    message = _refused("--config.file", str(path))
+    message = _refused(cli, "--config.file", str(path))
     assert f"{path}: larger than 8 MiB" in message
     assert time.monotonic() - started < 10
 
 
-def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path, cli: Cli) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes(ONE_TARGET.encode() + "# café\n".encode("latin-1"))
     offset = len(ONE_TARGET) + len("# caf")
     assert f"{path}: not UTF-8 text (byte 0xe9 at offset {offset})" in _refused(
-        "--config.file", str(path)
+        cli, "--config.file", str(path)
     )
 
 
@@ -413,34 +389,34 @@ def test_anchors_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
     assert (a.statement_timeout, a.min_interval, b.min_interval) == (0.001, 3600, 1)
 
 
-def test_duration_bounds_apply_to_flags_and_variables() -> None:
-    message = _refused("--dsn", DSN, "--collection.statement-timeout", "1h")
+def test_duration_bounds_apply_to_flags_and_variables(cli: Cli) -> None:
+    message = _refused(cli, "--dsn", DSN, "--collection.statement-timeout", "1h")
     assert "flag --collection.statement-timeout: must be at most 10m" in message
-    message = _refused("--dsn", DSN, "--collection.lock-timeout", "inf")
+    message = _refused(cli, "--dsn", DSN, "--collection.lock-timeout", "inf")
     assert "flag --collection.lock-timeout: inf is not a finite duration" in message
-    message = _refused(PG_ADVISORY_EXPORTER_MIN_INTERVAL="30d", DATA_SOURCE_NAME=DSN)
+    message = _refused(cli, PG_ADVISORY_EXPORTER_MIN_INTERVAL="30d", DATA_SOURCE_NAME=DSN)
     assert "environment variable PG_ADVISORY_EXPORTER_MIN_INTERVAL: must be at most 1h" in message
-    message = _refused(PG_ADVISORY_EXPORTER_LOCK_TIMEOUT="0.0001", DATA_SOURCE_NAME=DSN)
+    message = _refused(cli, PG_ADVISORY_EXPORTER_LOCK_TIMEOUT="0.0001", DATA_SOURCE_NAME=DSN)
     assert "environment variable PG_ADVISORY_EXPORTER_LOCK_TIMEOUT: must be at least 1ms" in message
 
 
-def test_telemetry_path_flag_cannot_hide_another_endpoint() -> None:
-    message = _refused("--dsn", DSN, "--web.telemetry-path", "/health")
+def test_telemetry_path_flag_cannot_hide_another_endpoint(cli: Cli) -> None:
+    message = _refused(cli, "--dsn", DSN, "--web.telemetry-path", "/health")
     assert "flag --web.telemetry-path: '/health' is taken by another endpoint" in message
 
 
 LEAKY_DSN = "host=db user=monitor password=Leak Part2xQ"
 
 
-def test_no_piece_of_a_password_in_a_malformed_dsn_message(tmp_path: Path) -> None:
+def test_no_piece_of_a_password_in_a_malformed_dsn_message(tmp_path: Path, cli: Cli) -> None:
     path = _write(tmp_path, {"targets": [{"name": "a", "dsn": LEAKY_DSN}]})
     messages = {
-        "flag --dsn": _refused("--dsn", LEAKY_DSN),
+        "flag --dsn": _refused(cli, "--dsn", LEAKY_DSN),
         "environment variable PG_ADVISORY_EXPORTER_DSN": _refused(
-            PG_ADVISORY_EXPORTER_DSN=LEAKY_DSN
+            cli, PG_ADVISORY_EXPORTER_DSN=LEAKY_DSN
         ),
-        "environment variable DATA_SOURCE_NAME": _refused(DATA_SOURCE_NAME=LEAKY_DSN),
-        f"{path}: targets[0].dsn": _refused("--config.file", str(path)),
+        "environment variable DATA_SOURCE_NAME": _refused(cli, DATA_SOURCE_NAME=LEAKY_DSN),
+        f"{path}: targets[0].dsn": _refused(cli, "--config.file", str(path)),
     }
     for source, message in messages.items():
         assert f'{source}: malformed DSN: missing "=" after' in message
@@ -465,9 +441,9 @@ def test_no_piece_of_a_password_whatever_libpq_quotes(dsn: str) -> None:
     assert "Part2xQ" not in str(refused.value)
 
 
-def test_a_lower_case_variable_is_named_as_it_is_set() -> None:
-    message = _refused(data_source_name=LEAKY_DSN)
+def test_a_lower_case_variable_is_named_as_it_is_set(cli: Cli) -> None:
+    message = _refused(cli, data_source_name=LEAKY_DSN)
     assert "environment variable data_source_name: malformed DSN" in message
     assert "Part2xQ" not in message
-    message = _refused(DATA_SOURCE_NAME=DSN, pg_advisory_exporter_statement_timeout="x")
+    message = _refused(cli, DATA_SOURCE_NAME=DSN, pg_advisory_exporter_statement_timeout="x")
     assert "environment variable pg_advisory_exporter_statement_timeout: 'x' is not" in message

@@ -7,26 +7,21 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 import yaml
-from conftest import RunningExporter, Scrape, SilentServer
+from support import Cli, RunningExporter, Session, SilentServer, wait_until
 
-from exporter.embedded_postgres import EmbeddedPostgres
-
-Session = Callable[..., psycopg.Connection[Any]]
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 
 
 def _open_fds(exporter: RunningExporter) -> int:
     """The exporter's open descriptors; the socket of a scrape just answered may take a
-    moment to close, so compare them with _wait_for."""
+    moment to close, so compare them with wait_until."""
     return len(os.listdir(f"/proc/{exporter.process.pid}/fd"))
 
 
@@ -49,14 +44,6 @@ def _backends(server: EmbeddedPostgres, user: str = "") -> list[int]:
             (user, user),
         ).fetchall()
     return [row[0] for row in rows]
-
-
-def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.1)
 
 
 @pytest.mark.slow
@@ -95,29 +82,22 @@ def test_connect_timeouts_leave_no_socket_and_no_backend(
         assert errors >= 16
         assert "timeout expired" in exporter.log()
         # Each timed-out attempt closed its socket at once.
-        _wait_for(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
+        wait_until(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
     finally:
         locker.rollback()
     # Backends started for attempts that timed out find their client gone and exit.
-    _wait_for(lambda: _backends(pg, "monitor") == [], 10, "the exporter's backends exit")
-    _wait_for(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
+    wait_until(lambda: _backends(pg, "monitor") == [], 10, "the exporter's backends exit")
+    wait_until(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
     # And the exporter recovers with one connection per target, no more.
     exporter.scrape_until(
         lambda s: all(s.value("pg_advisory_up", target=name) == 1 for name in names)
     )
     assert len(_backends(pg, "monitor")) == len(names)
-    _wait_for(
+    wait_until(
         lambda: _open_fds(exporter) == baseline + len(names),
         5,
         "open descriptors: baseline + len(names)",
     )
-
-
-def _timed_scrape(exporter: RunningExporter, **headers: str) -> tuple[float, Scrape]:
-    started = time.monotonic()
-    status, body = exporter.get("/metrics", headers)
-    assert status == 200, body
-    return time.monotonic() - started, Scrape(body)
 
 
 @pytest.mark.slow
@@ -136,22 +116,22 @@ def test_a_frozen_backend_is_given_up_at_the_deadline(
     # no keepalive or TCP timeout ever fires, and the statement timeout cannot either.
     os.kill(frozen, signal.SIGSTOP)
     try:
-        elapsed, scrape = _timed_scrape(exporter)
+        elapsed, scrape = exporter.timed_scrape()
         assert elapsed < 6
         assert scrape.value("pg_advisory_up", target="main") == 0
         # The collection itself ends at its deadline and is recorded as a failure.
-        _wait_for(lambda: exporter.get("/health")[0] == 503, 5, "/health reports the failure")
+        wait_until(lambda: exporter.get("/health")[0] == 503, 5, "/health reports the failure")
         assert "deadline" in exporter.get("/health")[1]
         scrape = exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="main") == 1)
         assert scrape.value("pg_advisory_exporter_collect_errors_total", target="main") == 1
         assert "passed its deadline" in exporter.log()
         # The frozen connection was closed and replaced by one new connection.
-        _wait_for(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
+        wait_until(lambda: _open_fds(exporter) == baseline, 5, "open descriptors: baseline")
         assert len(_backends(own_server)) == 2
     finally:
         os.kill(frozen, signal.SIGCONT)
     # Thawed, the old backend finds its statement cancelled and its client gone.
-    _wait_for(lambda: frozen not in _backends(own_server), 10, "the backend exits")
+    wait_until(lambda: frozen not in _backends(own_server), 10, "the backend exits")
     assert exporter.get("/health")[0] == 200
 
 
@@ -216,7 +196,7 @@ def test_late_targets_report_how_long_they_ran(
             "targets": [{"name": "hung-1", "dsn": hung}, {"name": "hung-2", "dsn": hung}],
         }
     )
-    elapsed, scrape = _timed_scrape(exporter, **{"X-Prometheus-Scrape-Timeout-Seconds": "2"})
+    elapsed, scrape = exporter.timed_scrape(**{"X-Prometheus-Scrape-Timeout-Seconds": "2"})
     assert elapsed < 2.0
     for name in ("hung-1", "hung-2"):
         assert scrape.value("pg_advisory_up", target=name) == 0
@@ -235,12 +215,11 @@ def test_a_reload_closes_the_connection_of_a_removed_target_even_mid_collection(
     own_server: EmbeddedPostgres,
     tmp_path: Any,
 ) -> None:
+    collection = {"min_interval": "1ms", "connect_timeout": "2s", "statement_timeout": "5s"}
+    stays = {"name": "stays", "dsn": monitor_dsn}
     both = {
-        "collection": {"min_interval": "1ms", "connect_timeout": "2s", "statement_timeout": "5s"},
-        "targets": [
-            {"name": "stays", "dsn": monitor_dsn},
-            {"name": "removed", "dsn": own_server.dsn()},
-        ],
+        "collection": collection,
+        "targets": [stays, {"name": "removed", "dsn": own_server.dsn()}],
     }
     exporter = start_exporter(config=both)
     baseline = _settled_fds(exporter)  # nothing connected yet
@@ -252,9 +231,9 @@ def test_a_reload_closes_the_connection_of_a_removed_target_even_mid_collection(
         exporter.get("/metrics", {"X-Prometheus-Scrape-Timeout-Seconds": "1"})
         # ...and a reload removes that target while it is still running.
         config_file = next(tmp_path.glob("config-*.yaml"))
-        config_file.write_text(yaml.safe_dump({**both, "targets": both["targets"][:1]}))
+        config_file.write_text(yaml.safe_dump({"collection": collection, "targets": [stays]}))
         assert exporter.get("/-/reload", method="POST")[0] == 200
-        _wait_for(
+        wait_until(
             lambda: _open_fds(exporter) == baseline + 1, 5, "the removed target's socket closes"
         )
     finally:
@@ -307,15 +286,14 @@ class FreezingProxy:
             sock.close()
 
 
-def test_check_gives_up_on_a_hung_proxy(pg: EmbeddedPostgres, monitor_dsn: str) -> None:
+def test_check_gives_up_on_a_hung_proxy(pg: EmbeddedPostgres, monitor_dsn: str, cli: Cli) -> None:
     proxy = FreezingProxy(pg.port, trigger=b"pg_locks")
     dsn = monitor_dsn.replace(f"port={pg.port}", f"port={proxy.port}")
     try:
         started = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "exporter", "check", "--dsn", dsn,
-             "--collection.connect-timeout", "2s", "--collection.statement-timeout", "1s"],
-            check=False, capture_output=True, text=True, timeout=30,
+        result = cli(
+            "check", "--dsn", dsn,
+            "--collection.connect-timeout", "2s", "--collection.statement-timeout", "1s",
         )  # fmt: skip
         elapsed = time.monotonic() - started
     finally:
@@ -324,4 +302,4 @@ def test_check_gives_up_on_a_hung_proxy(pg: EmbeddedPostgres, monitor_dsn: str) 
     assert result.returncode == 1, result.stderr
     assert "cannot collect: no answer within 4s" in result.stdout
     assert elapsed < 10
-    _wait_for(lambda: _backends(pg, "monitor") == [], 5, "the check's backend exits")
+    wait_until(lambda: _backends(pg, "monitor") == [], 5, "the check's backend exits")

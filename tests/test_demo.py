@@ -5,43 +5,36 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
+from support import Scrape, cli_command, scrape, wait_until
 
-from exporter.embedded_postgres import free_port
+from pg_advisory_exporter.embedded_postgres import free_port
 
 SCENARIOS_WITHIN = 90.0  # start-up, then a full bulk-import cycle (25s) with room to spare
 STOP_WITHIN = 30.0
 
 
-def _has(name: str, minimum: float = 1.0, **labels: str) -> Callable[[list[Sample]], bool]:
-    def check(samples: list[Sample]) -> bool:
-        return any(
-            s.name == name and labels.items() <= s.labels.items() and s.value >= minimum
-            for s in samples
-        )
+def _has(name: str, minimum: float = 1.0, **labels: str) -> Callable[[Scrape], bool]:
+    def check(scrape: Scrape) -> bool:
+        return any(value >= minimum for _, value in scrape.find(name, **labels))
 
     return check
 
 
-def _pods_rewritten(samples: list[Sample]) -> bool:
-    names = {s.labels.get("application_name", "") for s in samples}
+def _pods_rewritten(scrape: Scrape) -> bool:
+    names = scrape.label_values("application_name")
     return "reward-points-cron" in names and not any(
         n.startswith("reward-points-cron-") for n in names
     )
 
 
 # Some of these hold only part of each scenario's cycle, so each is looked for until seen once.
-EXPECTED: dict[str, Callable[[list[Sample]], bool]] = {
+EXPECTED: dict[str, Callable[[Scrape], bool]] = {
     "billing-worker holds while idle": _has(
         "pg_advisory_holders", application_name="billing-worker", state="idle"
     ),
@@ -49,9 +42,7 @@ EXPECTED: dict[str, Callable[[list[Sample]], bool]] = {
     "report-reader holds a shared lock": _has(
         "pg_advisory_locks", application_name="report-reader", mode="share", granted="true"
     ),
-    "a series for database billing": lambda samples: any(
-        s.labels.get("datname") == "billing" for s in samples
-    ),
+    "a series for database billing": lambda scrape: "billing" in scrape.label_values("datname"),
     "pod names rewritten to reward-points-cron": _pods_rewritten,
     "bulk-import holds 2,000 locks": _has(
         "pg_advisory_backend_locks_max", 2000, application_name="bulk-import"
@@ -87,29 +78,27 @@ class _Output:
         return self.text()
 
 
-def _scrape(url: str) -> list[Sample]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-    except OSError:
-        return []  # not listening yet
-    return [s for family in text_string_to_metric_families(text) for s in family.samples]
-
-
 def _wait_for_scenarios(url: str, process: subprocess.Popen[str], output: _Output) -> None:
     missing = dict(EXPECTED)
-    deadline = time.monotonic() + SCENARIOS_WITHIN
-    while missing and time.monotonic() < deadline:
+
+    def all_seen() -> bool:
         if process.poll() is not None:
             pytest.fail(f"the demo exited with {process.returncode}:\n{output.finish()}")
-        samples = _scrape(url)
-        missing = {what: check for what, check in missing.items() if not check(samples)}
-        time.sleep(0.5)
-    if missing:
-        pytest.fail(
-            f"not seen within {SCENARIOS_WITHIN:.0f}s: {', '.join(missing)}\n"
-            f"demo output:\n{output.text()}"
-        )
+        try:
+            scraped = scrape(url)
+        except OSError:
+            return False  # not listening yet
+        for what, check in list(missing.items()):
+            if check(scraped):
+                del missing[what]
+        return not missing
+
+    wait_until(
+        all_seen,
+        SCENARIOS_WITHIN,
+        lambda: f"{', '.join(missing)}\ndemo output:\n{output.text()}",
+        0.5,
+    )
 
 
 def _data_directory(output: str) -> Path:
@@ -119,10 +108,11 @@ def _data_directory(output: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.pg  # the demo starts a server of its own
 def test_demo_plays_the_scenarios_and_cleans_up_on_ctrl_c() -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "demo", "--web.listen-address", f"127.0.0.1:{port}"],
+        cli_command("demo", "--web.listen-address", f"127.0.0.1:{port}"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

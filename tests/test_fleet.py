@@ -5,18 +5,16 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
 import psycopg
 import pytest
 import yaml
-from conftest import PG_MAJOR, RunningExporter, Scrape, SilentServer
+from support import PG_MAJOR, Config, Scrape, Session, SilentServer, StartExporter
 
-from exporter.embedded_postgres import EmbeddedPostgres, free_port
-
-Session = Callable[..., psycopg.Connection[Any]]
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +30,7 @@ def fleet() -> Iterator[list[EmbeddedPostgres]]:
             server.cleanup()
 
 
-def _config(targets: dict[str, str], **extra: Any) -> dict[str, Any]:
+def _config(targets: dict[str, str], **extra: Any) -> Config:
     return {
         "collection": {"min_interval": "1ms", "reconnect_backoff_max": "1s"},
         "targets": [{"name": name, "dsn": dsn} for name, dsn in targets.items()],
@@ -41,7 +39,7 @@ def _config(targets: dict[str, str], **extra: Any) -> dict[str, Any]:
 
 
 def test_probe_serves_one_named_target_and_nothing_else(
-    start_exporter: Callable[..., RunningExporter],
+    start_exporter: StartExporter,
     monitor_dsn: str,
     fleet: list[EmbeddedPostgres],
     silent_server: SilentServer,
@@ -67,13 +65,13 @@ def test_probe_serves_one_named_target_and_nothing_else(
         assert "orders, billing" in body
     assert exporter.get("/probe")[0] == 400
     assert exporter.get("/probe?target=a&target=b")[0] == 400
-    time.sleep(0.3)
+    time.sleep(0.3)  # no event to wait for: time for a connection made by mistake to arrive
     assert accepted == [], "the exporter connected to a host given in a URL"
 
 
 @pytest.mark.slow
 def test_a_stopped_server_never_blanks_the_others(
-    start_exporter: Callable[..., RunningExporter],
+    start_exporter: StartExporter,
     monitor_dsn: str,
     fleet: list[EmbeddedPostgres],
     session: Session,
@@ -118,7 +116,7 @@ def _backend_pids(server: EmbeddedPostgres) -> list[int]:
 
 
 def test_reload_adds_removes_and_keeps_unchanged_targets(
-    start_exporter: Callable[..., RunningExporter],
+    start_exporter: StartExporter,
     monitor_dsn: str,
     pg: EmbeddedPostgres,
     fleet: list[EmbeddedPostgres],
@@ -177,7 +175,7 @@ def test_reload_adds_removes_and_keeps_unchanged_targets(
 
 
 def test_many_targets_are_collected_at_once(
-    start_exporter: Callable[..., RunningExporter],
+    start_exporter: StartExporter,
     monitor_dsn: str,
     fleet: list[EmbeddedPostgres],
     silent_server: SilentServer,
@@ -201,7 +199,7 @@ def test_many_targets_are_collected_at_once(
 
 @pytest.mark.slow
 def test_a_fleet_of_ten_thousand_answers_within_the_scrape_timeout(
-    start_exporter: Callable[..., RunningExporter],
+    start_exporter: StartExporter,
     monitor_dsn: str,
     silent_server: SilentServer,
 ) -> None:

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 import subprocess
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-import psycopg
 import pytest
-from conftest import RunningExporter, Scrape
-
-Session = Callable[..., psycopg.Connection[Any]]
+from support import OneTarget, RunningExporter, Scrape, Session, StartExporter
 
 
 def _raw(url: str, **headers: str) -> tuple[dict[str, str], bytes]:
@@ -26,9 +20,7 @@ def _raw(url: str, **headers: str) -> tuple[dict[str, str], bytes]:
 
 @pytest.fixture
 def exporter(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
-    monitor_dsn: str,
+    start_exporter: StartExporter, one_target: OneTarget, monitor_dsn: str
 ) -> RunningExporter:
     config = one_target(monitor_dsn, name="orders-db")
     return start_exporter("--web.telemetry-path", "/custom-metrics", config=config)
@@ -87,10 +79,8 @@ def test_concurrent_scrapes_all_answer(exporter: RunningExporter) -> None:
 
 
 def test_promtool_accepts_a_scrape_with_every_scenario(
-    exporter: RunningExporter, session: Session
+    exporter: RunningExporter, session: Session, promtool: str
 ) -> None:
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is not installed (the test command installs Debian's prometheus)"
     session("leaked").execute("SELECT pg_advisory_lock(1)")
     session("readers").execute("SELECT pg_advisory_lock_shared(2, 3)")
     in_transaction = session("xact", autocommit=False)

@@ -5,47 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from support import IDLE, snapshot_of
 
-from exporter.appnames import RewriteRule
-from exporter.capacity import CapacitySettings
-from exporter.metrics import SPECS, Sample, server_samples, state_label
-from exporter.snapshot import BackendLocks, ServerSnapshot
-
-SETTINGS = CapacitySettings(
-    server_version_num=150018,
-    max_locks_per_transaction=64,
-    max_connections=100,
-    autovacuum_max_workers=3,
-    max_worker_processes=8,
-    max_wal_senders=10,
-    max_prepared_transactions=0,
-)
-IDLE = BackendLocks(
-    pid=1,
-    datname="app",
-    application_name="billing-worker",
-    state="idle",
-    state_seconds=600.0,
-    in_transaction=False,
-    advisory_entries=1,
-    share_entries=0,
-    awaited_mode=None,
-    wait_seconds=None,
-    table_entries=1,
-)
-
-
-def _snapshot(*backends: BackendLocks) -> ServerSnapshot:
-    return ServerSnapshot(
-        server_version="15.18",
-        current_database="app",
-        capacity_settings=SETTINGS,
-        can_read_all_stats=True,
-        deadlocks={"app": 3},
-        lock_table_entries=sum(b.table_entries for b in backends),
-        backend_table_entries_max=max((b.table_entries for b in backends), default=0),
-        backends=backends,
-    )
+from pg_advisory_exporter.appnames import RewriteRule
+from pg_advisory_exporter.metrics import SPECS, Sample, server_samples, state_label
 
 
 def _values(samples: list[Sample], name: str) -> dict[tuple[str, ...], float]:
@@ -54,7 +17,7 @@ def _values(samples: list[Sample], name: str) -> dict[tuple[str, ...], float]:
 
 def test_every_sample_matches_its_spec() -> None:
     waiter = replace(IDLE, pid=2, state="active", awaited_mode="ShareLock", wait_seconds=2.0)
-    samples = server_samples("main", _snapshot(IDLE, waiter), [], 100).samples
+    samples = server_samples("main", snapshot_of(IDLE, waiter), [], 100).samples
     for sample in samples:
         assert len(sample.labels) == len(SPECS[sample.name].labels), sample
 
@@ -64,7 +27,7 @@ def test_a_waiting_backend_is_a_waiter_not_a_holder() -> None:
         IDLE, pid=2, state="active", advisory_entries=3, share_entries=1,
         awaited_mode="ShareLock", wait_seconds=2.5,
     )  # fmt: skip
-    samples = server_samples("main", _snapshot(waiter), [], 100).samples
+    samples = server_samples("main", snapshot_of(waiter), [], 100).samples
     group = ("main", "app", "billing-worker")
     assert _values(samples, "pg_advisory_locks") == {
         (*group, "exclusive", "true"): 2,
@@ -78,7 +41,7 @@ def test_a_waiting_backend_is_a_waiter_not_a_holder() -> None:
 
 def test_only_a_waiting_backend_holds_nothing() -> None:
     waiter = replace(IDLE, state="active", awaited_mode="ExclusiveLock", wait_seconds=1.0)
-    samples = server_samples("main", _snapshot(waiter), [], 100).samples
+    samples = server_samples("main", snapshot_of(waiter), [], 100).samples
     assert _values(samples, "pg_advisory_holders") == {}
     assert _values(samples, "pg_advisory_backend_locks_max") == {
         ("main", "app", "billing-worker"): 0
@@ -90,7 +53,7 @@ def test_idle_ages_are_the_longest_per_state() -> None:
     in_tx = replace(
         IDLE, pid=3, state="idle in transaction", state_seconds=30.0, in_transaction=True
     )
-    samples = server_samples("main", _snapshot(IDLE, older, in_tx), [], 100).samples
+    samples = server_samples("main", snapshot_of(IDLE, older, in_tx), [], 100).samples
     group = ("main", "app", "billing-worker")
     assert _values(samples, "pg_advisory_idle_holder_max_seconds") == {
         (*group, "idle"): 900.0,
@@ -123,14 +86,14 @@ def test_rewrite_then_cap_and_folded_count() -> None:
     ]
     small = [replace(IDLE, pid=10 + i, application_name=f"tool-{i}") for i in range(3)]
     rule = RewriteRule.compile(r"(.+)-[0-9a-f]{10}-[a-z]{5}", r"\1")
-    result = server_samples("main", _snapshot(*pods, *small), [rule], 2)
+    result = server_samples("main", snapshot_of(*pods, *small), [rule], 2)
     holders = _values(result.samples, "pg_advisory_holders")
     assert holders == {("main", "app", "cron", "idle"): 3, ("main", "app", "__other__", "idle"): 3}
     assert result.folded_application_names == 3
 
 
 def test_server_series() -> None:
-    samples = server_samples("main", _snapshot(IDLE), [], 100).samples
+    samples = server_samples("main", snapshot_of(IDLE), [], 100).samples
     assert _values(samples, "pg_advisory_lock_table_capacity") == {("main",): 7808}
     assert _values(samples, "pg_advisory_deadlocks_total") == {("main", "app"): 3}
     assert _values(samples, "pg_advisory_server_info") == {("main", "15.18"): 1}

@@ -7,16 +7,15 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import RunningExporter
+from support import OneTarget, StartExporter, wait_until
 
-from exporter.embedded_postgres import EmbeddedPostgres, free_port
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
 
 CONFIG = """\
 [databases]
@@ -51,17 +50,19 @@ def pgbouncer(pg: EmbeddedPostgres) -> Iterator[int]:
         for path in (workdir, workdir / "pgbouncer.ini"):
             os.chown(path, entry.pw_uid, entry.pw_gid)
     process = subprocess.Popen([binary, str(workdir / "pgbouncer.ini")], **user)
+    log = workdir / "pgbouncer.log"
+
+    def accepting() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"pgbouncer exited:\n{log.read_text()}")
+        try:
+            psycopg.connect(f"host=127.0.0.1 port={port} dbname=app user=x").close()
+        except psycopg.OperationalError:
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                psycopg.connect(f"host=127.0.0.1 port={port} dbname=app user=x").close()
-                break
-            except psycopg.OperationalError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log = (workdir / "pgbouncer.log").read_text()
-                    pytest.fail(f"pgbouncer did not start:\n{log}")
-                time.sleep(0.1)
+        wait_until(accepting, 15, lambda: f"pgbouncer accepting:\n{log.read_text()}")
         yield port
     finally:
         process.terminate()
@@ -70,10 +71,7 @@ def pgbouncer(pg: EmbeddedPostgres) -> Iterator[int]:
 
 
 def test_a_lock_leaked_on_a_pooled_connection_is_seen(
-    pgbouncer: int,
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
-    monitor_dsn: str,
+    pgbouncer: int, start_exporter: StartExporter, one_target: OneTarget, monitor_dsn: str
 ) -> None:
     through_pooler = f"host=127.0.0.1 port={pgbouncer} dbname=app user=x"
     # The job takes a session lock through the pooler and finishes: its client disconnects,
@@ -93,9 +91,13 @@ def test_a_lock_leaked_on_a_pooled_connection_is_seen(
     with psycopg.connect(through_pooler, autocommit=True, application_name="nightly-job-2") as late:
         row = late.execute("SELECT pg_try_advisory_lock(777)").fetchone()
         assert row == (True,)
-    time.sleep(1.0)
-    scrape = exporter.scrape()
     second = {**labels, "application_name": "nightly-job-2"}
+    scrape = exporter.scrape_until(
+        lambda s: any(
+            age >= 1.0
+            for _, age in s.find("pg_advisory_idle_holder_max_seconds", **second, state="idle")
+        )
+    )
     assert scrape.value("pg_advisory_holders", **second, state="idle") == 1
     assert scrape.value("pg_advisory_locks", **second, mode="exclusive", granted="true") == 1
     assert scrape.value("pg_advisory_idle_holder_max_seconds", **second, state="idle") >= 1.0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from exporter.config import FileConfig
-from exporter.registry import check_configs
+from pg_advisory_exporter.config import FileConfig
+from pg_advisory_exporter.registry import check_configs
 
 README = Path(__file__).parent.parent / "README.md"
 

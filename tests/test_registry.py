@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import yaml
-from conftest import RunningExporter
 from pydantic import ValidationError
+from support import REGISTRY, Cli, OneTarget, RunningExporter, Scrape, Session, StartExporter
 
-from exporter.cli import main
-from exporter.embedded_postgres import EmbeddedPostgres
-from exporter.registry import KeyConfig, check_configs, md5_key
-
-Session = Callable[..., psycopg.Connection[Any]]
-
-# The registry the README documents, from the seed articles.
-REGISTRY = [
-    {"name": "reward_points_cron", "text": "cron:recalc-reward-points", "hash": "hashtextextended",
-     "max_hold": "10m"},
-    {"name": "nightly_billing", "key": 7310001, "max_hold": "2h"},
-    {"name": "billing_nightly_md5", "text": "billing:nightly", "hash": "md5"},
-    {"name": "account_rebalance", "namespace": 2001},
-    {"name": "billing_leader", "key": 42, "databases": ["billing"], "long_lived": True,
-     "expect_held": True},
-]  # fmt: skip
+from pg_advisory_exporter.cli import main
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.registry import KeyConfig, check_configs, md5_key
 
 
 @pytest.mark.parametrize(
@@ -129,15 +111,18 @@ def test_md5_keys_are_what_the_server_computes(pg: EmbeddedPostgres) -> None:
 
 @pytest.fixture
 def exporter(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
-    monitor_dsn: str,
+    start_exporter: StartExporter, one_target: OneTarget, monitor_dsn: str
 ) -> RunningExporter:
     return start_exporter(config={**one_target(monitor_dsn), "keys": REGISTRY})
 
 
 def _key(key: str, datname: str = "postgres") -> dict[str, str]:
     return {"target": "main", "datname": datname, "key": key}
+
+
+def _held_for(scrape: Scrape, seconds: float, name: str, **labels: str) -> bool:
+    """Whether a series of these labels reports an age of `seconds` or more."""
+    return any(age >= seconds for _, age in scrape.find(name, **labels))
 
 
 def test_registered_keys_held_awaited_and_timed(
@@ -159,11 +144,11 @@ def test_registered_keys_held_awaited_and_timed(
     )
     blocked.start()
     try:
-        time.sleep(1.0)
         scrape = exporter.scrape_until(
             lambda s: (
                 s.find("pg_advisory_key_waiters", **_key("account_rebalance"))
                 == [(_key("account_rebalance"), 1.0)]
+                and _held_for(s, 1.0, "pg_advisory_key_hold_seconds", **_key("reward_points_cron"))
             )
         )
     finally:
@@ -198,11 +183,14 @@ def test_singleton_not_held_exports_zero_and_leader_is_no_leak(
 
     session("leader-elector", dbname="billing").execute("SELECT pg_advisory_lock(42)")
     session("leader-elector").execute("SELECT pg_advisory_lock(42)")  # not registered here
-    time.sleep(1.1)
-    scrape = exporter.scrape()
+    leader = {"target": "main", "application_name": "leader-elector"}
+    scrape = exporter.scrape_until(
+        lambda s: _held_for(
+            s, 1.0, "pg_advisory_idle_holder_max_seconds", **leader, datname="postgres"
+        )
+    )
     assert scrape.value("pg_advisory_key_holders", **_key("billing_leader", "billing")) == 1
     assert scrape.find("pg_advisory_key_holders", key="billing_leader", datname="postgres") == []
-    leader = {"target": "main", "application_name": "leader-elector"}
     assert scrape.value("pg_advisory_holders", **leader, datname="billing", state="idle") == 1
     # Held on purpose: left out of the leak signal. The same app in a database where the
     # key is not registered as long-lived is an ordinary idle holder.
@@ -216,20 +204,14 @@ def test_singleton_not_held_exports_zero_and_leader_is_no_leak(
 
 
 def test_check_report_shows_registry_names(
-    tmp_path: Path, monitor_dsn: str, session: Session
+    tmp_path: Path, monitor_dsn: str, session: Session, cli: Cli
 ) -> None:
     session("billing-worker").execute("SELECT pg_advisory_lock(7310001)")
     path = tmp_path / "config.yaml"
     path.write_text(
         yaml.safe_dump({"keys": REGISTRY, "targets": [{"name": "main", "dsn": monitor_dsn}]})
     )
-    report = subprocess.run(
-        [sys.executable, "-m", "exporter", "check", "--config.file", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
+    report = cli("check", "--config.file", str(path), check=True).stdout
     holder = next(
         line for line in report.splitlines() if "'billing-worker'" in line and "7310001" in line
     )
@@ -240,9 +222,7 @@ def test_check_report_shows_registry_names(
 
 
 def test_a_server_side_hash_clash_is_reported_by_name(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
-    monitor_dsn: str,
+    start_exporter: StartExporter, one_target: OneTarget, monitor_dsn: str
 ) -> None:
     keys = [
         {"name": "cron", "text": "cron:recalc-reward-points", "hash": "hashtextextended"},

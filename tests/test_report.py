@@ -5,17 +5,17 @@ from __future__ import annotations
 import io
 from dataclasses import replace
 
-from test_metrics import IDLE, _snapshot
+from support import IDLE, snapshot_of
 
-from exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
-from exporter.registry import NO_KEYS
-from exporter.report import format_seconds, print_report
-from exporter.snapshot import BackendLocks
+from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from pg_advisory_exporter.registry import NO_KEYS
+from pg_advisory_exporter.report import format_seconds, print_report
+from pg_advisory_exporter.snapshot import BackendLocks
 
 
 def _report(*backends: BackendLocks, privileged: bool = True) -> str:
     out = io.StringIO()
-    snapshot = replace(_snapshot(*backends), can_read_all_stats=privileged)
+    snapshot = replace(snapshot_of(*backends), can_read_all_stats=privileged)
     print_report("main", "monitor", snapshot, NO_KEYS, out)
     return out.getvalue()
 

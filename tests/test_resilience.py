@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
-from conftest import PLAIN_PASSWORD, RunningExporter, Scrape, SilentServer
+from support import (
+    PLAIN_PASSWORD,
+    OneTarget,
+    RunningExporter,
+    Session,
+    SilentServer,
+    StartExporter,
+)
 
-from exporter.config import CollectionSettings
-from exporter.embedded_postgres import EmbeddedPostgres
-from exporter.target import CannotCollect, open_session
-
-Session = Callable[..., psycopg.Connection[Any]]
+from pg_advisory_exporter.config import CollectionSettings
+from pg_advisory_exporter.connection import CannotCollect, open_session
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 
 
 def test_role_without_pg_read_all_stats(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
+    start_exporter: StartExporter,
+    one_target: OneTarget,
     plain_dsn: str,
     session: Session,
 ) -> None:
@@ -56,24 +59,17 @@ def test_privileged_role_is_reported_as_such(exporter: RunningExporter) -> None:
     assert scrape.value("pg_advisory_exporter_insufficient_privilege", target="main") == 0
 
 
-def _timed_scrape(exporter: RunningExporter, **headers: str) -> tuple[float, Scrape]:
-    started = time.monotonic()
-    status, body = exporter.get("/metrics", headers)
-    assert status == 200, body
-    return time.monotonic() - started, Scrape(body)
-
-
 @pytest.mark.slow
 def test_server_stopped_and_started_again(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
+    start_exporter: StartExporter,
+    one_target: OneTarget,
     own_server: EmbeddedPostgres,
 ) -> None:
     exporter = start_exporter(config=one_target(own_server.dsn()))
     assert exporter.scrape().value("pg_advisory_up", target="main") == 1
     own_server.stop()
 
-    elapsed, down = _timed_scrape(exporter)
+    elapsed, down = exporter.timed_scrape()
     assert elapsed < 2.0
     assert down.value("pg_advisory_up", target="main") == 0
     assert down.value("pg_advisory_exporter_collect_errors_total", target="main") >= 1
@@ -87,7 +83,7 @@ def test_server_stopped_and_started_again(
     # While the server is down, the exporter retries with backoff (max 1s here) and every
     # scrape stays quick.
     for _ in range(5):
-        elapsed, scrape = _timed_scrape(exporter)
+        elapsed, scrape = exporter.timed_scrape()
         assert elapsed < 2.0
         assert scrape.value("pg_advisory_up", target="main") == 0
         time.sleep(0.3)
@@ -103,8 +99,8 @@ def test_server_stopped_and_started_again(
 
 
 def test_login_refused_reports_down_and_never_shows_the_password(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
+    start_exporter: StartExporter,
+    one_target: OneTarget,
     pg: EmbeddedPostgres,
 ) -> None:
     wrong = "wr0ng-pa55word-never-shown"
@@ -121,7 +117,7 @@ def test_login_refused_reports_down_and_never_shows_the_password(
 
 
 def test_password_file(
-    start_exporter: Callable[..., RunningExporter],
+    start_exporter: StartExporter,
     pg: EmbeddedPostgres,
     tmp_path: Path,
 ) -> None:
@@ -134,8 +130,8 @@ def test_password_file(
 
 
 def test_locked_catalog_times_out_instead_of_stalling(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
+    start_exporter: StartExporter,
+    one_target: OneTarget,
     monitor_dsn: str,
     session: Session,
 ) -> None:
@@ -146,7 +142,7 @@ def test_locked_catalog_times_out_instead_of_stalling(
     locker = session("catalog-locker", autocommit=False)
     locker.execute("LOCK TABLE pg_catalog.pg_database IN ACCESS EXCLUSIVE MODE")
     try:
-        elapsed, scrape = _timed_scrape(exporter)
+        elapsed, scrape = exporter.timed_scrape()
     finally:
         locker.rollback()
     assert elapsed < 2.0
@@ -156,7 +152,7 @@ def test_locked_catalog_times_out_instead_of_stalling(
 
 
 def test_hung_server_never_stalls_metrics(
-    start_exporter: Callable[..., RunningExporter],
+    start_exporter: StartExporter,
     monitor_dsn: str,
     silent_server: SilentServer,
 ) -> None:
@@ -169,7 +165,7 @@ def test_hung_server_never_stalls_metrics(
     }
     exporter = start_exporter(config=config)
     # Prometheus says how long it will wait; the exporter answers within it.
-    elapsed, scrape = _timed_scrape(exporter, **{"X-Prometheus-Scrape-Timeout-Seconds": "2"})
+    elapsed, scrape = exporter.timed_scrape(**{"X-Prometheus-Scrape-Timeout-Seconds": "2"})
     assert elapsed < 2.0
     assert scrape.value("pg_advisory_up", target="hung") == 0
     assert scrape.value("pg_advisory_up", target="healthy") == 1
@@ -197,7 +193,7 @@ def test_an_older_server_is_refused_with_a_clear_message(
     monitor_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No PostgreSQL 13 binaries are at hand; pretend this server is too old instead.
-    monkeypatch.setattr("exporter.target.MIN_SERVER_VERSION", 10**7)
+    monkeypatch.setattr("pg_advisory_exporter.connection.MIN_SERVER_VERSION", 10**7)
     with pytest.raises(
         CannotCollect, match=r"PostgreSQL \d+ is not supported: .* needs PostgreSQL 14"
     ):

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable
-from typing import Any
 
-import psycopg
-from conftest import RunningExporter, Scrape
+from support import Cli, OneTarget, RunningExporter, Scrape, Session, StartExporter
 
-Session = Callable[..., psycopg.Connection[Any]]
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 
 
 def _labels(application_name: str, datname: str = "postgres") -> dict[str, str]:
     return {"target": "main", "datname": datname, "application_name": application_name}
+
+
+def _age_at_least(scrape: Scrape, seconds: float, **labels: str) -> bool:
+    """Whether an idle holder of these labels has been idle for `seconds` or more."""
+    found = scrape.find("pg_advisory_idle_holder_max_seconds", **labels)
+    return any(age >= seconds for _, age in found)
 
 
 def test_leaked_session_lock_shows_an_idle_holder_whose_age_grows(
@@ -33,8 +33,9 @@ def test_leaked_session_lock_shows_an_idle_holder_whose_age_grows(
     assert first.value("pg_advisory_waiters", **app) == 0
     age = first.value("pg_advisory_idle_holder_max_seconds", **app, state="idle")
 
-    time.sleep(1.5)
-    later = exporter.scrape()
+    later = exporter.scrape_until(
+        lambda s: _age_at_least(s, age + 1.0, **app, state="idle"), timeout=10
+    )
     assert later.value("pg_advisory_idle_holder_max_seconds", **app, state="idle") >= age + 1.0
 
     leaked.execute("SELECT pg_advisory_unlock(7310001)")
@@ -78,9 +79,10 @@ def test_transaction_lock_held_idle_in_transaction(
 ) -> None:
     conn = session("nightly-report", autocommit=False)
     conn.execute("SELECT pg_advisory_xact_lock(2001, 81234)")
-    time.sleep(0.5)
-    scrape = exporter.scrape()
     app = _labels("nightly-report")
+    scrape = exporter.scrape_until(
+        lambda s: _age_at_least(s, 0.5, **app, state="idle_in_transaction"), timeout=10
+    )
     assert scrape.value("pg_advisory_holders", **app, state="idle_in_transaction") == 1
     assert (
         scrape.value("pg_advisory_idle_holder_max_seconds", **app, state="idle_in_transaction")
@@ -113,7 +115,7 @@ def test_reentrant_lock_is_one_entry(exporter: RunningExporter, session: Session
 
 
 def test_negative_bigint_and_int_pair_keys_are_counted_and_reported(
-    exporter: RunningExporter, session: Session, monitor_dsn: str
+    exporter: RunningExporter, session: Session, monitor_dsn: str, cli: Cli
 ) -> None:
     conn = session("odd-keys")
     conn.execute("SELECT pg_advisory_lock(-6110350855857795459)")
@@ -123,13 +125,7 @@ def test_negative_bigint_and_int_pair_keys_are_counted_and_reported(
     assert scrape.value("pg_advisory_locks", **_labels("odd-keys"), mode="exclusive") == 1
     assert scrape.value("pg_advisory_locks", **_labels("odd-keys-pair"), mode="exclusive") == 1
 
-    report = subprocess.run(
-        [sys.executable, "-m", "exporter", "check", "--dsn", monitor_dsn],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
+    report = cli("check", "--dsn", monitor_dsn, check=True).stdout
     # Rows of the idle holders table start with the backend's pid.
     holders = {
         line.split()[2]: line
@@ -154,7 +150,7 @@ def test_lock_in_a_second_database_has_its_own_datname(
 
 
 def test_lock_table_counts_other_backends_and_never_the_exporter(
-    exporter: RunningExporter, session: Session, pg: Any
+    exporter: RunningExporter, session: Session, pg: EmbeddedPostgres
 ) -> None:
     for i in range(3):
         session(f"bulk-import-{i}").execute(
@@ -176,7 +172,7 @@ def test_lock_table_counts_other_backends_and_never_the_exporter(
 
 
 def test_hostile_application_names_keep_the_exposition_valid(
-    exporter: RunningExporter, session: Session, pg: Any
+    exporter: RunningExporter, session: Session, pg: EmbeddedPostgres
 ) -> None:
     hostile = [
         'quote"d',
@@ -206,10 +202,10 @@ def test_hostile_application_names_keep_the_exposition_valid(
 
 
 def test_scrapes_close_together_share_one_read_of_pg_locks(
-    start_exporter: Callable[..., RunningExporter],
-    one_target: Callable[..., dict[str, Any]],
+    start_exporter: StartExporter,
+    one_target: OneTarget,
     monitor_dsn: str,
-    pg: Any,
+    pg: EmbeddedPostgres,
 ) -> None:
     exporter = start_exporter(config=one_target(monitor_dsn, min_interval="30s"))
     log_before = pg.logfile.read_text().count("FROM pg_catalog.pg_locks")

@@ -1,0 +1,256 @@
+"""What the tests share besides fixtures: waiting for a condition, running the real command,
+scraping the exporter, and the types of the fixtures in conftest.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from psycopg.rows import TupleRow
+
+from pg_advisory_exporter.capacity import CapacitySettings
+from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR
+from pg_advisory_exporter.snapshot import BackendLocks, ServerSnapshot
+
+PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
+MONITOR_PASSWORD = "monitor-s3cret-pw"
+PLAIN_PASSWORD = "plain-s3cret-pw"
+
+# The registry the README documents, from the seed articles.
+REGISTRY: list[dict[str, Any]] = [
+    {"name": "reward_points_cron", "text": "cron:recalc-reward-points", "hash": "hashtextextended",
+     "max_hold": "10m"},
+    {"name": "nightly_billing", "key": 7310001, "max_hold": "2h"},
+    {"name": "billing_nightly_md5", "text": "billing:nightly", "hash": "md5"},
+    {"name": "account_rebalance", "namespace": 2001},
+    {"name": "billing_leader", "key": 42, "databases": ["billing"], "long_lived": True,
+     "expect_held": True},
+]  # fmt: skip
+
+
+# A snapshot as a 15.18 server with default settings reports it, for the tests that need no
+# server: one idle backend holding one lock, to vary with dataclasses.replace().
+IDLE = BackendLocks(
+    pid=1,
+    datname="app",
+    application_name="billing-worker",
+    state="idle",
+    state_seconds=600.0,
+    in_transaction=False,
+    advisory_entries=1,
+    share_entries=0,
+    awaited_mode=None,
+    wait_seconds=None,
+    table_entries=1,
+)
+
+
+def snapshot_of(*backends: BackendLocks) -> ServerSnapshot:
+    return ServerSnapshot(
+        server_version="15.18",
+        current_database="app",
+        capacity_settings=CapacitySettings(
+            server_version_num=150018,
+            max_locks_per_transaction=64,
+            max_connections=100,
+            autovacuum_max_workers=3,
+            max_worker_processes=8,
+            max_wal_senders=10,
+            max_prepared_transactions=0,
+        ),
+        can_read_all_stats=True,
+        deadlocks={"app": 3},
+        lock_table_entries=sum(b.table_entries for b in backends),
+        backend_table_entries_max=max((b.table_entries for b in backends), default=0),
+        backends=backends,
+    )
+
+
+def wait_until(
+    check: Callable[[], bool], timeout: float, what: str | Callable[[], str], interval: float = 0.1
+) -> None:
+    """Call `check` until it returns true; fail the test if it does not within `timeout`
+    seconds, saying `what` was awaited (a callable, to describe the state at that moment).
+    `check` may fail the test itself when waiting longer is pointless."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout}s: {what() if callable(what) else what}")
+        time.sleep(interval)
+
+
+def cli_command(*args: str) -> list[str]:
+    """`pg-advisory-exporter ARGS` from this interpreter, whatever is on PATH."""
+    return [sys.executable, "-m", "pg_advisory_exporter", *args]
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str] | None = None, check: bool = False, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """The real command in a subprocess, with these environment variables added. Tests take
+    it through the `cli` fixture, which puts them in the integration tier: each run costs
+    half a second of imports."""
+    return subprocess.run(
+        cli_command(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def http_get(
+    url: str, headers: Mapping[str, str] | None = None, method: str = "GET"
+) -> tuple[int, str]:
+    """Status and body; an HTTP error status is an answer too."""
+    request = urllib.request.Request(url, headers=dict(headers or {}), method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+Labels = dict[str, str]
+
+
+@dataclass
+class Scrape:
+    """One parsed answer of /metrics."""
+
+    text: str
+    samples: list[tuple[str, Labels, float]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.samples = [
+            (s.name, dict(s.labels), s.value)
+            for family in text_string_to_metric_families(self.text)
+            for s in family.samples
+        ]
+
+    def find(self, name: str, **labels: str) -> list[tuple[Labels, float]]:
+        return [
+            (sample_labels, value)
+            for sample_name, sample_labels, value in self.samples
+            if sample_name == name and labels.items() <= sample_labels.items()
+        ]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The one sample that matches; fails the test if there are none or several."""
+        found = self.find(name, **labels)
+        assert len(found) == 1, f"expected one {name} with {labels}, found {found}"
+        return found[0][1]
+
+    def label_values(self, label: str) -> set[str]:
+        return {labels[label] for _, labels, _ in self.samples if label in labels}
+
+
+def scrape(url: str, headers: Mapping[str, str] | None = None) -> Scrape:
+    """GET a metrics page that must answer 200, parsed."""
+    status, body = http_get(url, headers)
+    assert status == 200, body
+    return Scrape(body)
+
+
+@dataclass
+class RunningExporter:
+    process: subprocess.Popen[str]
+    port: int
+    log_path: Path
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(
+        self, path: str, headers: Mapping[str, str] | None = None, method: str = "GET"
+    ) -> tuple[int, str]:
+        return http_get(self.base + path, headers, method)
+
+    def scrape(self) -> Scrape:
+        return scrape(self.base + "/metrics")
+
+    def timed_scrape(self, **headers: str) -> tuple[float, Scrape]:
+        """A scrape of /metrics with these request headers, and the seconds it took."""
+        started = time.monotonic()
+        scraped = scrape(self.base + "/metrics", headers)
+        return time.monotonic() - started, scraped
+
+    def scrape_until(self, check: Callable[[Scrape], bool], timeout: float = 20.0) -> Scrape:
+        """Scrape until `check` holds; fail with the last scrape if it never does."""
+        last: list[Scrape] = []
+
+        def holds() -> bool:
+            last[:] = [self.scrape()]
+            return check(last[0])
+
+        wait_until(holds, timeout, lambda: f"condition not met; last scrape:\n{last[0].text}", 0.2)
+        return last[0]
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@dataclass
+class SilentServer:
+    """A port that accepts connections and never answers, like a hung server."""
+
+    port: int
+    accepted: list[socket.socket]  # every connection made to it
+
+
+Connection = psycopg.Connection[TupleRow]
+Config = dict[str, Any]  # a configuration file's content, as YAML loads it
+
+
+class Session(Protocol):
+    """The `session` fixture: opens an application session that closes after the test."""
+
+    def __call__(
+        self, application_name: str, dbname: str = "postgres", autocommit: bool = True
+    ) -> Connection: ...
+
+
+class StartExporter(Protocol):
+    """The `start_exporter` fixture: the real daemon with these arguments."""
+
+    def __call__(
+        self, *args: str, config: Config | None = None, env: Mapping[str, str] | None = None
+    ) -> RunningExporter: ...
+
+
+class OneTarget(Protocol):
+    """The `one_target` fixture: a configuration with one target and these collection settings."""
+
+    def __call__(self, dsn: str, name: str = "main", **collection: str) -> Config: ...
+
+
+class StartService(Protocol):
+    """The `start_service` fixture: a Debian-packaged server; returns its port."""
+
+    def __call__(self, binary: str, *args: str, ready_path: str) -> int: ...
+
+
+class Cli(Protocol):
+    """The `cli` fixture: `run_cli`."""
+
+    def __call__(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        check: bool = False,
+        timeout: float = 30,
+    ) -> subprocess.CompletedProcess[str]: ...

@@ -1,0 +1,123 @@
+"""Messages that say what is wrong, and the deadlocks of real databases only."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pg_advisory_exporter.cli import main
+from pg_advisory_exporter.config import (
+    ConfigError,
+    WebConfig,
+    load,
+    read_environment,
+    read_flags,
+)
+from pg_advisory_exporter.demo import check_command, config_file_text, demo_config
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.rules import Thresholds
+from pg_advisory_exporter.snapshot import read_snapshot
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
+            monkeypatch.delenv(name)
+
+
+def test_a_misspelt_scheme_is_named() -> None:
+    with pytest.raises(ConfigError) as refused:
+        read_flags({"dsn": "postgresq://u@h/db"})
+    message = str(refused.value)
+    assert "flag --dsn: malformed DSN: unknown scheme 'postgresq://'" in message
+    assert "postgresql:// or postgres://" in message
+    assert 'missing "="' not in message
+    for dsn in ("postgres://u@h/db", "postgresql://u@h/db", "host=h dbname=a://b"):
+        assert read_flags({"dsn": dsn}).dsn == dsn
+
+
+def test_a_port_out_of_range_is_named() -> None:
+    with pytest.raises(ConfigError) as refused:
+        read_flags({"web_listen_address": ":70000"})
+    message = str(refused.value)
+    assert "flag --web.listen-address: ':70000': the port must be 0 to 65535" in message
+    assert "not host:port" not in message
+    assert read_flags({"web_listen_address": ":65535"}).web.listen_address == ":65535"
+
+
+def test_an_unknown_threshold_lists_the_thresholds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rules", "--set", "bogus=1"]) == 2
+    message = capsys.readouterr().err
+    assert "flag --set bogus: unknown field" in message
+    for name in Thresholds.model_fields:
+        assert name in message
+
+
+def test_check_lists_only_the_flags_it_uses(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = capsys.readouterr().out
+    assert "--web." not in text
+    for flag in ("--dsn", "--config.file", "--log.level", "--collection.min-interval"):
+        assert flag in text
+
+
+def test_the_demo_prints_a_check_command_that_works_as_printed(tmp_path: Path) -> None:
+    config = demo_config(WebConfig(), "host=127.0.0.1 port=1 user=postgres password=pw")
+    path = tmp_path / "exporter.yaml"
+    path.write_text(config_file_text(config))
+    # The command reads the same targets as the demo's exporter: its keys and rewrites.
+    loaded = load(read_flags({"config_file": str(path)}), read_environment())
+    assert loaded.targets == config.targets
+    command = shlex.split(check_command(path))
+    assert command[3:] == ["check", "--config.file", str(path)]
+    # Outside the virtualenv, from anywhere: nothing of it is looked up on PATH.
+    validate = [*command[:3], "--config.check", *command[3:]]
+    result = subprocess.run(
+        validate,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "1 target(s): demo" in result.stdout
+
+
+TEMPLATE = "advisory_exporter_template"
+
+
+@pytest.fixture
+def user_template(pg: EmbeddedPostgres) -> Iterator[str]:
+    """A template database of the user's own, beside template0 and template1."""
+    with pg.connect() as conn:
+        conn.execute(f"CREATE DATABASE {TEMPLATE} IS_TEMPLATE true")
+    try:
+        yield TEMPLATE
+    finally:
+        with pg.connect() as conn:
+            conn.execute(f"ALTER DATABASE {TEMPLATE} IS_TEMPLATE false")
+            conn.execute(f"DROP DATABASE {TEMPLATE}")
+
+
+def test_deadlocks_are_counted_for_databases_but_not_templates(
+    monitor_dsn: str, user_template: str
+) -> None:
+    conn: psycopg.Connection[Any]
+    with psycopg.connect(monitor_dsn, autocommit=True) as conn:
+        deadlocks = read_snapshot(conn).deadlocks
+    assert {"postgres", "billing"} <= deadlocks.keys()
+    assert not {"template0", "template1", user_template} & deadlocks.keys()
