@@ -16,7 +16,6 @@ from . import __version__, logs
 from .config import (
     SETTINGS,
     Config,
-    ConfigError,
     Setting,
     WebConfig,
     load,
@@ -26,6 +25,7 @@ from .config import (
 from .daemon import Daemon
 from .report import run_check
 from .rules import dump, prometheus_rule, rule_groups, thresholds_from
+from .schema import ConfigError
 
 log = logging.getLogger("pg_advisory_exporter")
 

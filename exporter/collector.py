@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import platform
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from concurrent.futures import Future
 from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -16,7 +19,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 from .metrics import Sample, build_info, families
 from .scheduling import CollectionPool
-from .target import Target
+from .target import Collection, Target
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ current_scrape: ContextVar[ScrapeContext | None] = ContextVar("current_scrape", 
 _TIMEOUT_MARGIN = 0.5
 _FIRST_ESTIMATE_PER_TARGET = 100e-6
 _LATE_NAMES = 10  # late targets named in the log line
+_HOLD_LEAD = 0.5  # seconds before the end of a scrape's wait that no routine collection starts
 
 
 class AnswerTimer:
@@ -66,33 +70,39 @@ class AnswerTimer:
 def target_samples(
     targets: Sequence[Target], pool: CollectionPool, timer: AnswerTimer, urgent: bool = False
 ) -> list[Sample]:
-    """Start (or join) a collection on every target at once, then wait for each in turn.
+    """Start (or join) a collection on every target at once, wait, then map what came.
 
-    Each target waits at most its own scrape_wait (or the scrape's timeout) counted from
-    the start, so a slow target never delays the others beyond that. Then the pool starts
-    no routine collection until the answer is rendered.
+    Each target is waited for at most its own scrape_wait (or the scrape's timeout, less the
+    margin for answering) counted from the start, so a slow target never delays the others
+    beyond that. The waiting holds no lock and no GIL; only when it is over are the series
+    built, with the pool held so that no routine collection competes with the answer.
     """
     started = time.monotonic()
-    pending = [(target, target.begin(urgent)) for target in targets]
+    begun = [(target, target.begin(urgent)) for target in targets]
     scrape = current_scrape.get() or ScrapeContext()
     margin = timer.margin(len(targets))
+    by_deadline: dict[float, list[Future[Collection]]] = defaultdict(list)
+    for target, pending in begun:
+        if isinstance(pending, Future):
+            wait = target.settings.scrape_wait
+            if scrape.timeout is not None:
+                wait = min(wait, scrape.timeout - margin)
+            by_deadline[started + wait].append(pending)
+    # Workers go idle just before the end of the wait, so that this thread gets the GIL at
+    # once when it wakes; what a worker would start then could not finish in time anyway.
+    last = max(by_deadline, default=started)
+    scrape.rendering.enter_context(pool.hold(start=last - _HOLD_LEAD))
+    for deadline in sorted(by_deadline):
+        futures.wait(by_deadline[deadline], timeout=max(deadline - time.monotonic(), 0.0))
+    timer.start(scrape)
     samples: list[Sample] = []
     late: list[str] = []
-    for target, begun in pending:
-        wait = target.settings.scrape_wait
-        if scrape.timeout is not None:
-            wait = min(wait, scrape.timeout - margin)
-        collection = target.wait(begun, started + wait - time.monotonic())
+    for target, pending in begun:
+        collection = _outcome(pending)
         if collection is None:
-            if not late:  # from now on the answer comes first: start no more collections
-                scrape.rendering.enter_context(pool.hold())
-                timer.start(scrape)
             late.append(target.name)
             collection = target.late()
         samples += target.series(collection)
-    if not late:
-        scrape.rendering.enter_context(pool.hold())
-        timer.start(scrape)
     if late:  # one line per scrape, however large the fleet
         log.warning(
             "collections are slower than the scrape allows; reporting those targets down",
@@ -103,6 +113,15 @@ def target_samples(
             },
         )
     return samples
+
+
+def _outcome(pending: Collection | Future[Collection]) -> Collection | None:
+    """The collection, if it is done; None while it runs (or if the pool cancelled it)."""
+    if not isinstance(pending, Future):
+        return pending
+    if not pending.done() or pending.cancelled():
+        return None
+    return pending.result()
 
 
 class ExporterCollector(Collector):

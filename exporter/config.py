@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
-import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import (
     AfterValidator,
@@ -30,16 +29,13 @@ from pydantic.fields import FieldInfo
 from .appnames import RewriteRule, compile_pattern, parse_template
 from .endpoints import RESERVED_PATHS
 from .registry import KeyConfig, check_configs
-from .schema import PARSE_DURATION, Strict, duration_within, format_duration
+from .schema import PARSE_DURATION, ConfigError, Strict, duration_within, format_duration, location
+from .yaml_file import read_yaml
 
 DEFAULT_LISTEN_ADDRESS = ":9846"
 DEFAULT_TARGET = "default"
 DEFAULT_PARALLEL_COLLECTIONS = 16
 ENV_PREFIX = "PG_ADVISORY_EXPORTER_"
-
-
-class ConfigError(Exception):
-    """A configuration that cannot be used; the message names the source and the problem."""
 
 
 class RewriteRuleConfig(Strict):
@@ -397,13 +393,6 @@ class Config:
     max_parallel_collections: int = DEFAULT_PARALLEL_COLLECTIONS
 
 
-def location(loc: Sequence[int | str]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "(top level)"
-
-
 def describe_error(error: Mapping[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         return "unknown field"
@@ -457,109 +446,8 @@ def read_environment() -> Overrides:
     return _validate(values, sources)
 
 
-# A 10,000-target fleet file is about 1.5 MB, while a 50 MB file took a minute and half a
-# gigabyte to load: a reload would hold up the exporter that long for a file that is a mistake.
-MAX_FILE_BYTES = 8 * 1024 * 1024
-# The schema nests six levels deep. The pure-Python parser recurses per level, so without a
-# bound a deeply nested file would end in a RecursionError instead of a message.
-MAX_NESTING = 64
-# libyaml's parser is several times faster on a big fleet; the pure-Python one is the fallback
-# for a PyYAML built without it.
-_LOADER: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
-    yaml, "CSafeLoader", yaml.SafeLoader
-)
-
-
-def _read_text(path: Path) -> str:
-    try:
-        with path.open("rb") as file:
-            data = file.read(MAX_FILE_BYTES + 1)  # no more, whatever the file turns out to be
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(
-            f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; is this the configuration file?"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
-        ) from None
-
-
-class _Mark(Protocol):
-    line: int
-    column: int
-
-
-def _at(mark: _Mark | None) -> str:
-    return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
-
-
-def _check_nesting(text: str, path: Path) -> None:
-    """Refuse nesting deeper than MAX_NESTING, from the parser's events: they need no recursion."""
-    depth = 0
-    for event in yaml.parse(text, Loader=_LOADER):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_NESTING:
-                raise ConfigError(
-                    f"{path}: {_at(event.start_mark)}: nested more than {MAX_NESTING} levels deep"
-                )
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-
-
-def _check_unique_keys(root: yaml.Node, path: Path) -> None:
-    """Refuse a mapping that gives a key twice, which YAML loaders resolve silently."""
-    seen: set[int] = set()  # an alias refers to a node again: walk it once
-    pending: list[tuple[yaml.Node, tuple[int | str, ...]]] = [(root, ())]
-    while pending:
-        node, at = pending.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, yaml.SequenceNode):
-            pending.extend((item, (*at, i)) for i, item in enumerate(node.value))
-        elif isinstance(node, yaml.MappingNode):
-            lines: dict[str, int] = {}
-            # A key that is a list or a mapping is refused when the document is built.
-            for key, value in node.value:
-                if not isinstance(key, yaml.ScalarNode):
-                    continue
-                line = key.start_mark.line + 1
-                if key.value in lines:
-                    raise ConfigError(
-                        f"{path}: {location(at)}: key {key.value!r} is given twice "
-                        f"(lines {lines[key.value]} and {line})"
-                    )
-                lines[key.value] = line
-                pending.append((value, (*at, key.value)))
-
-
-def _parse(text: str, path: Path) -> object:
-    try:
-        _check_nesting(text, path)
-        loader = _LOADER(text)
-        try:
-            root = loader.get_single_node()
-            if root is None:  # an empty file
-                return None
-            _check_unique_keys(root, path)
-            return loader.construct_document(root)
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        # Not str(exc): the pure-Python parser quotes the line, which may hold a password.
-        problem = exc.problem or exc.context
-        raise ConfigError(f"{path}: not valid YAML: {_at(exc.problem_mark)}: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-
-
 def _read_file(path: Path) -> FileConfig:
-    data = _parse(_read_text(path), path)
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: (top level): expected a mapping with a 'targets' list")
     try:

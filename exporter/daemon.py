@@ -10,9 +10,10 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from . import __version__, logs
 from .collector import ExporterCollector
-from .config import Config, ConfigError, TargetConfig, split_listen_address
+from .config import Config, TargetConfig, split_listen_address
 from .http import make_app, serve
 from .scheduling import CollectionPool, Watchdog
+from .schema import ConfigError
 from .target import Target
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,9 @@ class Daemon:
         self._watchdog = Watchdog()  # every collection's deadline
         self._reload_lock = threading.Lock()
         self._targets = {t.name: self._target(t) for t in config.targets}
-        self.registry = CollectorRegistry()
-        self.registry.register(ExporterCollector(self.targets, self.pool))
-        ProcessCollector(registry=self.registry)
+        self.collectors = CollectorRegistry()  # prometheus_client's, not the key registry
+        self.collectors.register(ExporterCollector(self.targets, self.pool))
+        ProcessCollector(registry=self.collectors)
         host, port = split_listen_address(config.web.listen_address)
         self._server = serve(make_app(self), host, port)
         self._thread: threading.Thread | None = None

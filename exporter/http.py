@@ -29,7 +29,7 @@ WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 class Exported(Protocol):
     """What the endpoints need from the running exporter."""
 
-    registry: CollectorRegistry
+    collectors: CollectorRegistry  # prometheus_client's, not the key registry
     pool: CollectionPool
 
     @property
@@ -98,7 +98,7 @@ def _text(start_response: StartResponse, status: str, message: str) -> list[byte
 
 
 def make_app(exported: Exported) -> WsgiApp:
-    metrics_app = make_wsgi_app(exported.registry)  # negotiation, gzip and name[] filters
+    metrics_app = make_wsgi_app(exported.collectors)  # negotiation, gzip and name[] filters
 
     def exposition(app: WsgiApp, environ: dict[str, Any], start: StartResponse) -> list[bytes]:
         scrape = ScrapeContext(timeout=_scrape_timeout(environ))

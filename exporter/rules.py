@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from .config import ConfigError, describe_error, location
-from .schema import Duration, Strict
+from .config import describe_error
+from .schema import ConfigError, Duration, Strict, location
 
 RUNBOOK_URL = (
     "https://github.com/pg-advisory-exporter/pg-advisory-exporter/blob/main/docs/runbook.md"

@@ -43,14 +43,18 @@ class CollectionPool:
     A /probe asks for one target and must not wait behind a /metrics scrape that queued a
     whole fleet: its collection is urgent, and so is a queued one that it joins, and an
     urgent collection gets a worker at once, beyond `workers` if all are busy. Servers that
-    answered last time come first, then new ones; servers that failed (down, or hung until
-    their connect timeout) come last and hold at most half of the workers, so they never
-    starve the rest of a fleet.
+    answered last time come first, then new ones, then those that failed (down, or hung
+    until their connect timeout). New and failing servers together hold at most three
+    quarters of the workers, failing ones at most half, so they never starve the healthy
+    rest of a fleet.
     Workers start on demand and stay for the life of the pool.
     """
 
     def __init__(self, workers: int, name: str = "collect") -> None:
         self._max_workers = workers
+        # Servers not known to answer may hang until their connect timeout: together they
+        # leave a quarter of the workers to the healthy ones, and failing ones take half.
+        self._unproven_limit = max(1, workers - max(1, workers // 4))
         self._suspect_limit = max(1, workers // 2)
         self._running = dict.fromkeys(Priority, 0)
         self._name = name
@@ -59,7 +63,7 @@ class CollectionPool:
         self._order = itertools.count()
         self._workers = 0
         self._idle = 0
-        self._held = 0  # holds in force: no routine task starts
+        self._holds: list[float] = []  # when each hold begins: from then no routine task starts
         self._shut_down = False
 
     def submit(self, run: Callable[[], T], priority: Priority) -> Task[T]:
@@ -77,20 +81,28 @@ class CollectionPool:
                 self._push(task, Priority.URGENT)  # the older entry stays, and is skipped
 
     @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        """Start no routine task meanwhile (urgent ones still start).
+    def hold(self, start: float | None = None) -> Iterator[None]:
+        """Start no routine task meanwhile, from `start` (monotonic clock) or from now.
 
         Rendering a scrape of a large fleet is Python work that competes for the GIL with
-        every busy worker: holding the queue while it renders keeps the answer in time.
+        every busy worker, and so is merely waking up at the scrape's deadline: a thread
+        that wakes then can wait seconds for the GIL. A hold that begins shortly before the
+        deadline is kept by the workers themselves, at each task they take, so that they
+        are idle when the scrape needs the interpreter. Urgent tasks still start.
         """
         with self._cond:
-            self._held += 1
+            entry = start if start is not None else time.monotonic()
+            self._holds.append(entry)
         try:
             yield
         finally:
             with self._cond:
-                self._held -= 1
+                self._holds.remove(entry)
                 self._cond.notify_all()
+
+    def _held(self) -> bool:
+        now = time.monotonic()
+        return any(start <= now for start in self._holds)
 
     def shutdown(self) -> None:
         """Cancel what is queued; running tasks finish on their own."""
@@ -122,10 +134,13 @@ class CollectionPool:
                 heapq.heappop(self._queue)
                 continue
             if priority is not Priority.URGENT and (
-                self._held or self._routine_running() >= self._max_workers
+                self._held() or self._routine_running() >= self._max_workers
             ):
                 return None
             if priority is Priority.SUSPECT and self._running[priority] >= self._suspect_limit:
+                return None
+            unproven = self._running[Priority.NEW] + self._running[Priority.SUSPECT]
+            if priority >= Priority.NEW and unproven >= self._unproven_limit:
                 return None
             heapq.heappop(self._queue)
             task.taken = True

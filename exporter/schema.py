@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -59,6 +60,17 @@ def duration_within(least: float, most: float) -> AfterValidator:
         return seconds
 
     return AfterValidator(check)
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; the message names the source and the problem."""
+
+
+def location(loc: Sequence[int | str]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(top level)"
 
 
 class Strict(BaseModel):

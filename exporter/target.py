@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import CancelledError, Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -111,17 +110,6 @@ class Target:
                 priority = Priority.ROUTINE
             self._task = self._pool.submit(partial(self._collect, self._generation), priority)
             return self._task.future
-
-    def wait(self, pending: Collection | Future[Collection], wait: float) -> Collection | None:
-        """The collection, once it is done within `wait` seconds; None if it is not."""
-        if not isinstance(pending, Future):
-            return pending
-        if wait <= 0 and not pending.done():  # no exception to raise and catch per target
-            return None
-        try:
-            return pending.result(timeout=max(wait, 0.0))
-        except (FutureTimeout, CancelledError):
-            return None
 
     def late(self) -> Collection:
         """What a scrape reports when the collection is not done in time (it is not recorded:

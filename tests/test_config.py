@@ -14,8 +14,6 @@ from support import Cli, Config
 
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.config import (
-    MAX_FILE_BYTES,
-    ConfigError,
     Overrides,
     load,
     read_environment,
@@ -23,7 +21,8 @@ from pg_advisory_exporter.config import (
 )
 from pg_advisory_exporter.embedded_postgres import free_port
 from pg_advisory_exporter.logs import LogfmtFormatter
-from pg_advisory_exporter.schema import parse_duration
+from pg_advisory_exporter.schema import ConfigError, parse_duration
+from pg_advisory_exporter.yaml_file import MAX_FILE_BYTES
 
 DSN = "postgresql://monitor@db.example:5432/postgres"
 

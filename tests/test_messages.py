@@ -14,7 +14,6 @@ import pytest
 
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.config import (
-    ConfigError,
     WebConfig,
     load,
     read_environment,
@@ -23,6 +22,7 @@ from pg_advisory_exporter.config import (
 from pg_advisory_exporter.demo import check_command, config_file_text, demo_config
 from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.rules import Thresholds
+from pg_advisory_exporter.schema import ConfigError
 from pg_advisory_exporter.snapshot import read_snapshot
 
 

@@ -112,3 +112,29 @@ def test_the_watchdog_calls_at_the_deadline_unless_disarmed() -> None:
     assert [name for name, _ in fired] == ["early", "late"]
     assert fired[0][1] - started >= 0.1
     assert fired[1][1] - started >= 0.3
+
+
+def test_a_hold_can_begin_later_and_the_workers_keep_it_themselves() -> None:
+    pool = CollectionPool(workers=1)
+    with pool.hold(start=time.monotonic() + 0.3):
+        before = pool.submit(lambda: "before", Priority.ROUTINE)
+        assert before.future.result(timeout=WAIT) == "before"
+        time.sleep(0.4)  # nobody wakes at the hold's start: the worker checks it itself
+        after = pool.submit(lambda: "after", Priority.ROUTINE)
+        time.sleep(0.1)
+        assert not after.future.done()
+    assert after.future.result(timeout=WAIT) == "after"
+    pool.shutdown()
+
+
+def test_new_servers_leave_a_quarter_of_the_workers_to_healthy_ones() -> None:
+    pool = CollectionPool(workers=4)
+    release = _blocked(pool, Priority.NEW, 3)  # three new servers that hang
+    fourth = pool.submit(lambda: "new", Priority.NEW)
+    healthy = pool.submit(lambda: "healthy", Priority.ROUTINE)
+    assert healthy.future.result(timeout=WAIT) == "healthy"
+    time.sleep(0.1)
+    assert not fourth.future.done()
+    release.set()
+    assert fourth.future.result(timeout=WAIT) == "new"
+    pool.shutdown()
