@@ -36,13 +36,16 @@ DEMO_LISTEN_ADDRESS = "127.0.0.1:9846"  # the demo's server is throwaway: keep i
 def _flags(default: object, settings: Iterable[Setting] = SETTINGS) -> argparse.ArgumentParser:
     flags = argparse.ArgumentParser(add_help=False)
     for setting in settings:
-        flags.add_argument(
-            setting.flag,
-            dest=setting.dest,
-            metavar="VALUE",
-            default=default,
-            help=setting.help.replace("%", "%%"),  # argparse expands %(default)s and the like
-        )
+        help_text = setting.help.replace("%", "%%")  # argparse expands %(default)s and the like
+        if setting.switch:
+            flags.add_argument(
+                setting.flag, dest=setting.dest, action="store_const", const=True,
+                default=default, help=help_text,
+            )  # fmt: skip
+        else:
+            flags.add_argument(
+                setting.flag, dest=setting.dest, metavar="VALUE", default=default, help=help_text
+            )
     return flags
 
 

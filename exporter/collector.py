@@ -44,7 +44,9 @@ current_scrape: ContextVar[ScrapeContext | None] = ContextVar("current_scrape", 
 _TIMEOUT_MARGIN = 0.5
 _FIRST_ESTIMATE_PER_TARGET = 100e-6
 _LATE_NAMES = 10  # late targets named in the log line
-_HOLD_LEAD = 0.5  # seconds before the end of a scrape's wait that no routine collection starts
+# Seconds before the end of a scrape's wait from which no routine collection starts; at most
+# a quarter of the wait.
+_HOLD_LEAD = 0.5
 
 
 class AnswerTimer:
@@ -91,7 +93,8 @@ def target_samples(
     # Workers go idle just before the end of the wait, so that this thread gets the GIL at
     # once when it wakes; what a worker would start then could not finish in time anyway.
     last = max(by_deadline, default=started)
-    scrape.rendering.enter_context(pool.hold(start=last - _HOLD_LEAD))
+    lead = min(_HOLD_LEAD, (last - started) / 4)  # a short scrape keeps most of its wait
+    scrape.rendering.enter_context(pool.hold(start=last - lead))
     for deadline in sorted(by_deadline):
         futures.wait(by_deadline[deadline], timeout=max(deadline - time.monotonic(), 0.0))
     timer.start(scrape)

@@ -248,6 +248,9 @@ class WebConfig(Strict):
     telemetry_path: TelemetryPath = Field(
         default="/metrics", description="path under which to expose metrics"
     )
+    enable_lifecycle: bool = Field(
+        default=False, description="serve POST /-/reload (SIGHUP reloads either way)"
+    )
 
 
 class LogConfig(Strict):
@@ -304,8 +307,9 @@ class Overrides(Strict):
     dsn: Dsn | None = Field(
         default=None,
         repr=False,
-        description="PostgreSQL connection string of the one server to watch, "
-        "target name 'default'",
+        description="PostgreSQL connection string of the one server to watch, target name "
+        "'default'; leave the password out, since ps shows every argument: use PGPASSFILE, "
+        "the variable, or password_file in a configuration file",
     )
     config: ConfigFileSettings = ConfigFileSettings()
     web: WebConfig = WebConfig()
@@ -349,11 +353,18 @@ class Setting:
         return _DSN_VARIABLES if own == _DSN_VARIABLES[0] else (own,)
 
     @property
+    def switch(self) -> bool:
+        """A flag that takes no value (--web.enable-lifecycle); its variable takes true/false."""
+        return self.field.annotation is bool
+
+    @property
     def default(self) -> str:
-        """The default as a person writes it ("5s", ":9846"); empty when there is none."""
+        """The default as a person writes it ("5s", ":9846", "off"); empty when there is none."""
         value = self.field.default
         if value is None:
             return ""
+        if self.switch:
+            return "on" if value else "off"
         return format_duration(value) if PARSE_DURATION in self.field.metadata else str(value)
 
     @property

@@ -48,6 +48,10 @@ class Daemon:
     def telemetry_path(self) -> str:
         return self.config.web.telemetry_path
 
+    @property
+    def lifecycle_enabled(self) -> bool:
+        return self.config.web.enable_lifecycle
+
     def targets(self) -> list[Target]:
         return list(self._targets.values())
 

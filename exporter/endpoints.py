@@ -8,5 +8,7 @@ LANDING_PATH = "/"
 HEALTH_PATH = "/health"
 PROBE_PATH = "/probe"
 RELOAD_PATH = "/-/reload"
+HEALTHY_PATH = "/-/healthy"  # liveness: the process serves
+READY_PATH = "/-/ready"  # readiness: configuration loaded, HTTP server up
 
-RESERVED_PATHS = (LANDING_PATH, HEALTH_PATH, PROBE_PATH, RELOAD_PATH)
+RESERVED_PATHS = (LANDING_PATH, HEALTH_PATH, PROBE_PATH, RELOAD_PATH, HEALTHY_PATH, READY_PATH)

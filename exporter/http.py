@@ -1,4 +1,4 @@
-"""The HTTP endpoints: metrics, /probe for one target, a landing page, health and reload."""
+"""The HTTP endpoints: metrics, /probe for one target, a landing page, health, probes, reload."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import html
 import json
 import logging
 import socket
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any, Protocol
@@ -16,7 +17,14 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from . import __version__
 from .collector import ProbeCollector, ScrapeContext, current_scrape
-from .endpoints import HEALTH_PATH, LANDING_PATH, PROBE_PATH, RELOAD_PATH
+from .endpoints import (
+    HEALTH_PATH,
+    HEALTHY_PATH,
+    LANDING_PATH,
+    PROBE_PATH,
+    READY_PATH,
+    RELOAD_PATH,
+)
 from .scheduling import CollectionPool
 from .target import Target
 
@@ -34,6 +42,9 @@ class Exported(Protocol):
 
     @property
     def telemetry_path(self) -> str: ...
+
+    @property
+    def lifecycle_enabled(self) -> bool: ...
 
     def targets(self) -> list[Target]: ...
 
@@ -56,6 +67,8 @@ def _landing_page(telemetry_path: str, targets: Sequence[Target]) -> bytes:
 <ul>
 <li><a href="{html.escape(telemetry_path)}">Metrics</a> (every target)</li>
 <li><a href="{HEALTH_PATH}">Health</a> (the last collection of each target)</li>
+<li><a href="{HEALTHY_PATH}">{HEALTHY_PATH}</a> (liveness) and
+<a href="{READY_PATH}">{READY_PATH}</a> (readiness)</li>
 </ul>
 <h2>Targets</h2>
 <ul>{names}</ul>
@@ -65,14 +78,16 @@ def _landing_page(telemetry_path: str, targets: Sequence[Target]) -> bytes:
 
 def _health(targets: Sequence[Target]) -> tuple[str, bytes]:
     reports = [target.health() for target in targets]
-    # A target not collected yet is not failing: health reflects the last collection.
+    # A target not collected yet is not failing, and not known to be fine either.
     failing = [r.target for r in reports if r.last_collection_unix is not None and not r.up]
+    pending = [r.target for r in reports if r.last_collection_unix is None]
     body = {
-        "status": "failing" if failing else "ok",
+        "status": "failing" if failing else ("not yet collected" if pending else "ok"),
         "targets": [
             {
                 "target": r.target,
                 "up": r.up,
+                "collected": r.last_collection_unix is not None,
                 "last_collection_unix": r.last_collection_unix,
                 "last_success_unix": r.last_success_unix,
                 "duration_seconds": r.duration_seconds,
@@ -129,48 +144,126 @@ def make_app(exported: Exported) -> WsgiApp:
         return exposition(make_wsgi_app(registry), environ, start_response)
 
     def reload(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        if environ.get("REQUEST_METHOD") != "POST":
-            start_response("405 Method Not Allowed", [("Allow", "POST")])
-            return [b"reload with POST\n"]
+        if not exported.lifecycle_enabled:
+            return _text(
+                start_response,
+                "403 Forbidden",
+                "the lifecycle API is off: start with --web.enable-lifecycle to reload over "
+                "HTTP (SIGHUP reloads either way)",
+            )
         error = exported.reload()
         if error is not None:
             return _text(start_response, "500 Internal Server Error", f"reload refused: {error}")
         return _text(start_response, "200 OK", "reloaded")
 
+    def landing(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+        return [_landing_page(exported.telemetry_path, exported.targets())]
+
+    def health(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        status, body = _health(exported.targets())
+        start_response(status, [("Content-Type", "application/json")])
+        return [body]
+
+    def alive(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        # Serving this answer is the proof: a database that is down never fails it.
+        return _text(start_response, "200 OK", "OK")
+
+    def metrics(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        return exposition(metrics_app, environ, start_response)
+
+    # Reading is GET (and HEAD, which sends no body); only a change of state is POST.
+    routes: dict[str, tuple[tuple[str, ...], WsgiApp]] = {
+        exported.telemetry_path: (_READ, metrics),
+        PROBE_PATH: (_READ, probe),
+        LANDING_PATH: (_READ, landing),
+        HEALTH_PATH: (_READ, health),
+        HEALTHY_PATH: (_READ, alive),
+        READY_PATH: (_READ, alive),  # the configuration is loaded once anything is served
+        RELOAD_PATH: (("POST",), reload),
+    }
+
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == exported.telemetry_path:
-            return exposition(metrics_app, environ, start_response)
-        if path == PROBE_PATH:
-            return probe(environ, start_response)
-        if path == RELOAD_PATH:
-            return reload(environ, start_response)
-        if path == LANDING_PATH:
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [_landing_page(exported.telemetry_path, exported.targets())]
-        if path == HEALTH_PATH:
-            status, body = _health(exported.targets())
-            start_response(status, [("Content-Type", "application/json")])
-            return [body]
-        return _text(start_response, "404 Not Found", f"not found; try {exported.telemetry_path}")
+        route = routes.get(environ.get("PATH_INFO", "/"))
+        if route is None:
+            return _text(
+                start_response, "404 Not Found", f"not found; try {exported.telemetry_path}"
+            )
+        methods, handler = route
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in methods:
+            start_response(
+                "405 Method Not Allowed",
+                [("Allow", ", ".join(methods)), ("Content-Type", "text/plain; charset=utf-8")],
+            )
+            return [f"use {' or '.join(methods)}\n".encode()]
+        if method != "HEAD":
+            return handler(environ, start_response)
+        # The same answer as GET without its body (prometheus_client's app refuses HEAD).
+        handler({**environ, "REQUEST_METHOD": "GET"}, start_response)
+        return []
 
     return app
 
 
+_READ = ("GET", "HEAD")
+
+
+# Bounds on what one client can hold: a request must arrive (and an answer be taken) within
+# READ_TIMEOUT seconds, at most MAX_CONNECTIONS are served at once (more wait in the listen
+# queue), and http.server refuses a request line or header over 64 KiB or over 100 headers.
+READ_TIMEOUT = 5.0
+MAX_CONNECTIONS = 256
+LISTEN_BACKLOG = 128  # a burst of scrapes queues instead of waiting for a TCP retry
+
+
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape left hanging by its client never blocks shutdown
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # at the cap, the next connection waits its turn
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _IPv6Server(_ThreadingServer):
     address_family = socket.AF_INET6
 
 
+class _DualStackServer(_IPv6Server):
+    """`:9846`: IPv6 and IPv4 on one socket, where the host has both."""
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 class _QuietHandler(WSGIRequestHandler):
+    timeout = READ_TIMEOUT
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug(format, *args)
 
 
 def serve(app: WsgiApp, host: str, port: int) -> WSGIServer:
     """Bind now (so a taken port fails at start-up); the caller runs serve_forever()."""
-    server_class = _IPv6Server if ":" in host else _ThreadingServer
+    server_class: type[_ThreadingServer] = _ThreadingServer
+    if host == "" and socket.has_dualstack_ipv6():
+        server_class, host = _DualStackServer, "::"
+    elif ":" in host:
+        server_class = _IPv6Server
     return make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)

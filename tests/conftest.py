@@ -146,10 +146,13 @@ def start_exporter(tmp_path: Path) -> Iterator[StartExporter]:
     running: list[RunningExporter] = []
 
     def start(
-        *args: str, config: Config | None = None, env: Mapping[str, str] | None = None
+        *args: str,
+        config: Config | None = None,
+        env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> RunningExporter:
         port = free_port()
-        command = cli_command("--web.listen-address", f"127.0.0.1:{port}")
+        command = cli_command("--web.listen-address", f"{host}:{port}")
         if config is not None:
             config_path = tmp_path / f"config-{port}.yaml"
             config_path.write_text(yaml.safe_dump(config))

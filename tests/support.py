@@ -225,10 +225,15 @@ class Session(Protocol):
 
 
 class StartExporter(Protocol):
-    """The `start_exporter` fixture: the real daemon with these arguments."""
+    """The `start_exporter` fixture: the real daemon with these arguments, listening on a free
+    port of `host` ("" for every address)."""
 
     def __call__(
-        self, *args: str, config: Config | None = None, env: Mapping[str, str] | None = None
+        self,
+        *args: str,
+        config: Config | None = None,
+        env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> RunningExporter: ...
 
 

@@ -221,7 +221,7 @@ def test_a_reload_closes_the_connection_of_a_removed_target_even_mid_collection(
         "collection": collection,
         "targets": [stays, {"name": "removed", "dsn": own_server.dsn()}],
     }
-    exporter = start_exporter(config=both)
+    exporter = start_exporter("--web.enable-lifecycle", config=both)
     baseline = _settled_fds(exporter)  # nothing connected yet
     assert exporter.scrape().value("pg_advisory_up", target="removed") == 1
     [frozen] = _backends(own_server)

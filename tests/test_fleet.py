@@ -123,7 +123,9 @@ def test_reload_adds_removes_and_keeps_unchanged_targets(
     session: Session,
 ) -> None:
     keys = [{"name": "nightly_billing", "key": 7310001}]
-    exporter = start_exporter(config=_config({"a": monitor_dsn, "b": fleet[0].dsn()}, keys=keys))
+    exporter = start_exporter(
+        "--web.enable-lifecycle", config=_config({"a": monitor_dsn, "b": fleet[0].dsn()}, keys=keys)
+    )
     config_path = next(exporter.log_path.parent.glob(f"config-{exporter.port}.yaml"))
     session("billing-worker").execute("SELECT pg_advisory_lock(7310001)")
     before = exporter.scrape()

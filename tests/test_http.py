@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import subprocess
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import OneTarget, RunningExporter, Scrape, Session, StartExporter
+from support import OneTarget, RunningExporter, Scrape, Session, StartExporter, wait_until
+
+from pg_advisory_exporter.http import READ_TIMEOUT
 
 
 def _raw(url: str, **headers: str) -> tuple[dict[str, str], bytes]:
@@ -41,7 +44,10 @@ def test_landing_page_names_targets_and_links_but_no_dsn(
 def test_health_reports_the_last_collection(exporter: RunningExporter) -> None:
     status, body = exporter.get("/health")
     assert status == 200
-    assert json.loads(body)["targets"][0]["last_collection_unix"] is None  # nothing yet
+    report = json.loads(body)
+    assert report["status"] == "not yet collected"  # not "ok": nothing is known yet
+    assert report["targets"][0]["collected"] is False
+    assert report["targets"][0]["last_collection_unix"] is None
     exporter.get("/custom-metrics")
     status, body = exporter.get("/health")
     report = json.loads(body)
@@ -94,3 +100,90 @@ def test_promtool_accepts_a_scrape_with_every_scenario(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     in_transaction.rollback()
+
+
+REFUSED = "host=127.0.0.1 port=1 user=x dbname=x"
+
+
+def test_reload_over_http_needs_the_lifecycle_flag(start_exporter: StartExporter) -> None:
+    closed = start_exporter("--dsn", REFUSED)
+    status, body = closed.get("/-/reload", method="POST")
+    assert status == 403
+    assert "--web.enable-lifecycle" in body
+    config = {"targets": [{"name": "a", "dsn": REFUSED}]}
+    opened = start_exporter("--web.enable-lifecycle", config=config)
+    assert opened.get("/-/reload", method="POST") == (200, "reloaded\n")
+    assert opened.get("/-/reload")[0] == 405
+
+
+def test_liveness_and_readiness_never_depend_on_a_database(start_exporter: StartExporter) -> None:
+    exporter = start_exporter("--dsn", REFUSED)
+    assert exporter.scrape().value("pg_advisory_up", target="default") == 0
+    assert exporter.get("/health")[0] == 503  # the per-target report says the truth
+    assert exporter.get("/-/healthy") == (200, "OK\n")
+    assert exporter.get("/-/ready") == (200, "OK\n")
+
+
+def _raw_request(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_methods_head_has_no_body_and_the_rest_get_405(start_exporter: StartExporter) -> None:
+    exporter = start_exporter("--dsn", REFUSED)
+    for path in ("/", "/metrics", "/health", "/-/healthy"):
+        answer = _raw_request(exporter.port, f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.0 503"), head
+        assert body == b"", path
+    for method, path, allowed in (
+        ("DELETE", "/", "GET, HEAD"),
+        ("BREW", "/health", "GET, HEAD"),
+        ("POST", "/metrics", "GET, HEAD"),
+        ("GET", "/-/reload", "POST"),
+    ):
+        status, _ = exporter.get(path, method=method)
+        assert status == 405, (method, path)
+        answer = _raw_request(exporter.port, f"{method} {path} HTTP/1.0\r\n\r\n".encode())
+        assert f"Allow: {allowed}".encode() in answer
+
+
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="this host has no IPv6")
+def test_the_default_address_serves_ipv4_and_ipv6(start_exporter: StartExporter) -> None:
+    exporter = start_exporter("--dsn", REFUSED, host="")
+    for host in ("127.0.0.1", "[::1]"):
+        with urllib.request.urlopen(f"http://{host}:{exporter.port}/-/healthy", timeout=10) as r:
+            assert r.status == 200
+
+
+def test_stalled_clients_neither_delay_a_scrape_nor_stay_forever(
+    start_exporter: StartExporter,
+) -> None:
+    exporter = start_exporter("--dsn", REFUSED)
+    stalled = [socket.create_connection(("127.0.0.1", exporter.port)) for _ in range(200)]
+    try:
+        stalled[0].sendall(b"GET /metrics HTTP/1.0\r\nX-Half: ")  # and never the rest
+        elapsed, scrape = exporter.timed_scrape()
+        assert elapsed < 2.0
+        assert scrape.value("pg_advisory_up", target="default") == 0
+        # A connection that says nothing, or stops halfway, is closed after the read timeout.
+        wait_until(
+            lambda: all(_closed_by_server(sock) for sock in (stalled[0], stalled[1], stalled[-1])),
+            READ_TIMEOUT + 5,
+            "the exporter closes stalled connections",
+        )
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(0.05)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
