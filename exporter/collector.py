@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import platform
 import time
-from collections import defaultdict
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from concurrent.futures import Future
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .metrics import Sample, build_info, families
-from .scheduling import CollectionPool
+from .scheduling import CollectionPool, Priority, Task
 from .target import Collection, Target
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,13 @@ class ScrapeContext:
 
 current_scrape: ContextVar[ScrapeContext | None] = ContextVar("current_scrape", default=None)
 
-# Seconds a scrape keeps for what follows the wait: mapping, rendering, sending. A fixed
-# part, plus twice what that took in the last scrape of the same endpoint (it grows with the
-# targets and with the machine's load); before any scrape, 100µs per target (10,000 targets
-# take about 0.3s on an idle core).
+# Seconds a scrape keeps for what follows its wait: waking up, mapping, rendering, sending. A
+# fixed part, plus the larger of 100µs per target (10,000 targets take about 0.3s to answer
+# on an idle core) and twice the longest of the last ten answers, timed from the planned end
+# of the wait so that a late wake-up counts too.
 _TIMEOUT_MARGIN = 0.5
-_FIRST_ESTIMATE_PER_TARGET = 100e-6
+_MARGIN_PER_TARGET = 100e-6
+_ANSWERS_REMEMBERED = 10
 _LATE_NAMES = 10  # late targets named in the log line
 # Seconds before the end of a scrape's wait from which no routine collection starts; at most
 # a quarter of the wait.
@@ -50,23 +51,21 @@ _HOLD_LEAD = 0.5
 
 
 class AnswerTimer:
-    """How long the part of a scrape after the wait took last time, for one endpoint."""
+    """How long the part of a scrape after the wait took lately, for one endpoint."""
 
     def __init__(self) -> None:
-        self._last: float | None = None
+        self._recent: deque[float] = deque(maxlen=_ANSWERS_REMEMBERED)
 
     def margin(self, targets: int) -> float:
-        last = self._last
-        estimate = targets * _FIRST_ESTIMATE_PER_TARGET if last is None else 2 * last
-        return _TIMEOUT_MARGIN + estimate
+        longest = max(self._recent, default=0.0)
+        return _TIMEOUT_MARGIN + max(2 * longest, targets * _MARGIN_PER_TARGET)
 
-    def start(self, scrape: ScrapeContext) -> None:
-        """Time from now until the scrape's answer is rendered."""
-        started = time.monotonic()
-        scrape.rendering.callback(self._record, started)
+    def start(self, scrape: ScrapeContext, since: float) -> None:
+        """Time from `since` (the planned end of the wait) until the answer is rendered."""
+        scrape.rendering.callback(self._record, since)
 
-    def _record(self, started: float) -> None:
-        self._last = time.monotonic() - started
+    def _record(self, since: float) -> None:
+        self._recent.append(time.monotonic() - since)
 
 
 def target_samples(
@@ -80,24 +79,32 @@ def target_samples(
     built, with the pool held so that no routine collection competes with the answer.
     """
     started = time.monotonic()
-    begun = [(target, target.begin(urgent)) for target in targets]
+    queue: list[tuple[Task[Collection], Priority]] = []
+    begun = [(target, target.begin(urgent, queue)) for target in targets]
+    pool.enqueue(queue)
     scrape = current_scrape.get() or ScrapeContext()
     margin = timer.margin(len(targets))
-    by_deadline: dict[float, list[Future[Collection]]] = defaultdict(list)
+    waits: list[tuple[float, Future[Collection]]] = []
     for target, pending in begun:
         if isinstance(pending, Future):
             wait = target.settings.scrape_wait
             if scrape.timeout is not None:
                 wait = min(wait, scrape.timeout - margin)
-            by_deadline[started + wait].append(pending)
+            waits.append((started + wait, pending))
+    waits.sort(key=lambda item: item[0])
     # Workers go idle just before the end of the wait, so that this thread gets the GIL at
     # once when it wakes; what a worker would start then could not finish in time anyway.
-    last = max(by_deadline, default=started)
+    last = waits[-1][0] if waits else started
     lead = min(_HOLD_LEAD, (last - started) / 4)  # a short scrape keeps most of its wait
     scrape.rendering.enter_context(pool.hold(start=last - lead))
-    for deadline in sorted(by_deadline):
-        futures.wait(by_deadline[deadline], timeout=max(deadline - time.monotonic(), 0.0))
-    timer.start(scrape)
+    # One future at a time, against absolute deadlines: a wait on them all at once would
+    # first install itself on each, which under a busy GIL can outlast the deadline.
+    for deadline, pending in waits:
+        remaining = deadline - time.monotonic()
+        if remaining > 0 and not pending.done():
+            with suppress(futures.TimeoutError, futures.CancelledError):
+                pending.exception(timeout=remaining)
+    timer.start(scrape, since=last)
     samples: list[Sample] = []
     late: list[str] = []
     for target, pending in begun:

@@ -9,7 +9,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -68,11 +68,21 @@ class CollectionPool:
 
     def submit(self, run: Callable[[], T], priority: Priority) -> Task[T]:
         task = Task(run)
+        self.enqueue([(task, priority)])
+        return task
+
+    def enqueue(self, tasks: Sequence[tuple[Task[Any], Priority]]) -> None:
+        """Queue tasks made beforehand, all under one acquisition of the pool's lock.
+
+        A scrape of a fleet starts thousands of collections: submitted one by one, each would
+        wake a worker that takes the lock (and the GIL) back from the scrape, a convoy that
+        was seen to stall the scrape for seconds.
+        """
         with self._cond:
             if self._shut_down:
                 raise RuntimeError("the collection pool is shut down")
-            self._push(task, priority)
-        return task
+            for task, priority in tasks:
+                self._push(task, priority)
 
     def expedite(self, task: Task[Any]) -> None:
         """Make a task that no worker has taken yet urgent."""

@@ -81,11 +81,15 @@ class Target:
 
     # -- scrapes ---------------------------------------------------------------------------
 
-    def begin(self, urgent: bool = False) -> Collection | Future[Collection]:
+    def begin(
+        self, urgent: bool = False, queue: list[tuple[Task[Collection], Priority]] | None = None
+    ) -> Collection | Future[Collection]:
         """The last collection if it is recent enough, else the running (or a new) one.
 
         While a failed connection waits out its backoff, the failure is the answer: no
         worker is needed for it, so a fleet of unreachable servers costs next to nothing.
+        A new collection goes to the pool at once, or onto `queue` for the caller to
+        enqueue with the rest of a fleet's.
         """
         now = time.monotonic()
         with self._state:
@@ -108,7 +112,11 @@ class Target:
                 priority = Priority.SUSPECT
             else:
                 priority = Priority.ROUTINE
-            self._task = self._pool.submit(partial(self._collect, self._generation), priority)
+            self._task = Task(partial(self._collect, self._generation))
+            if queue is None:
+                self._pool.enqueue([(self._task, priority)])
+            else:
+                queue.append((self._task, priority))
             return self._task.future
 
     def late(self) -> Collection:
