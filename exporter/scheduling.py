@@ -66,11 +66,6 @@ class CollectionPool:
         self._holds: list[float] = []  # when each hold begins: from then no routine task starts
         self._shut_down = False
 
-    def submit(self, run: Callable[[], T], priority: Priority) -> Task[T]:
-        task = Task(run)
-        self.enqueue([(task, priority)])
-        return task
-
     def enqueue(self, tasks: Sequence[tuple[Task[Any], Priority]]) -> None:
         """Queue tasks made beforehand, all under one acquisition of the pool's lock.
 

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
+from typing import TypeVar
 
-from pg_advisory_exporter.scheduling import CollectionPool, Priority, Watchdog
+from pg_advisory_exporter.scheduling import CollectionPool, Priority, Task, Watchdog
 
 WAIT = 5.0  # seconds any test waits for a thread at most
+
+T = TypeVar("T")
+
+
+def _submit(pool: CollectionPool, run: Callable[[], T], priority: Priority) -> Task[T]:
+    task = Task(run)
+    pool.enqueue([(task, priority)])
+    return task
 
 
 def _blocked(pool: CollectionPool, priority: Priority, count: int) -> threading.Event:
@@ -21,7 +31,7 @@ def _blocked(pool: CollectionPool, priority: Priority, count: int) -> threading.
         release.wait(WAIT)
 
     for _ in range(count):
-        pool.submit(block, priority)
+        _submit(pool, block, priority)
     for _ in range(count):
         assert started.acquire(timeout=WAIT)
     return release
@@ -30,8 +40,8 @@ def _blocked(pool: CollectionPool, priority: Priority, count: int) -> threading.
 def test_urgent_work_gets_a_worker_even_when_all_are_busy() -> None:
     pool = CollectionPool(workers=2)
     release = _blocked(pool, Priority.ROUTINE, 2)
-    routine = pool.submit(lambda: "routine", Priority.ROUTINE)
-    urgent = pool.submit(lambda: "urgent", Priority.URGENT)
+    routine = _submit(pool, lambda: "routine", Priority.ROUTINE)
+    urgent = _submit(pool, lambda: "urgent", Priority.URGENT)
     assert urgent.future.result(timeout=WAIT) == "urgent"
     assert not routine.future.done()  # it waits for one of the two workers
     release.set()
@@ -44,7 +54,7 @@ def test_order_is_urgent_then_healthy_then_new_then_failed() -> None:
     release = _blocked(pool, Priority.ROUTINE, 1)
     ran: list[str] = []
     tasks = [
-        pool.submit(lambda name=name: ran.append(name), priority)  # type: ignore[misc]
+        _submit(pool, lambda name=name: ran.append(name), priority)  # type: ignore[misc]
         for name, priority in [
             ("failed", Priority.SUSPECT),
             ("new", Priority.NEW),
@@ -62,8 +72,8 @@ def test_order_is_urgent_then_healthy_then_new_then_failed() -> None:
 def test_failing_targets_hold_at_most_half_of_the_workers() -> None:
     pool = CollectionPool(workers=4)
     release = _blocked(pool, Priority.SUSPECT, 2)  # two hung servers
-    third = pool.submit(lambda: "suspect", Priority.SUSPECT)
-    healthy = [pool.submit(lambda: "healthy", Priority.ROUTINE) for _ in range(2)]
+    third = _submit(pool, lambda: "suspect", Priority.SUSPECT)
+    healthy = [_submit(pool, lambda: "healthy", Priority.ROUTINE) for _ in range(2)]
     for task in healthy:
         assert task.future.result(timeout=WAIT) == "healthy"
     time.sleep(0.1)
@@ -76,8 +86,8 @@ def test_failing_targets_hold_at_most_half_of_the_workers() -> None:
 def test_a_hold_stops_routine_work_but_not_urgent_work() -> None:
     pool = CollectionPool(workers=2)
     with pool.hold():
-        routine = pool.submit(lambda: "routine", Priority.ROUTINE)
-        urgent = pool.submit(lambda: "urgent", Priority.URGENT)
+        routine = _submit(pool, lambda: "routine", Priority.ROUTINE)
+        urgent = _submit(pool, lambda: "urgent", Priority.URGENT)
         assert urgent.future.result(timeout=WAIT) == "urgent"
         time.sleep(0.1)
         assert not routine.future.done()
@@ -88,7 +98,7 @@ def test_a_hold_stops_routine_work_but_not_urgent_work() -> None:
 def test_shutdown_cancels_what_is_queued() -> None:
     pool = CollectionPool(workers=1)
     release = _blocked(pool, Priority.ROUTINE, 1)
-    queued = pool.submit(lambda: "never", Priority.ROUTINE)
+    queued = _submit(pool, lambda: "never", Priority.ROUTINE)
     pool.shutdown()
     release.set()
     assert queued.future.cancelled()
@@ -117,10 +127,10 @@ def test_the_watchdog_calls_at_the_deadline_unless_disarmed() -> None:
 def test_a_hold_can_begin_later_and_the_workers_keep_it_themselves() -> None:
     pool = CollectionPool(workers=1)
     with pool.hold(start=time.monotonic() + 0.3):
-        before = pool.submit(lambda: "before", Priority.ROUTINE)
+        before = _submit(pool, lambda: "before", Priority.ROUTINE)
         assert before.future.result(timeout=WAIT) == "before"
         time.sleep(0.4)  # nobody wakes at the hold's start: the worker checks it itself
-        after = pool.submit(lambda: "after", Priority.ROUTINE)
+        after = _submit(pool, lambda: "after", Priority.ROUTINE)
         time.sleep(0.1)
         assert not after.future.done()
     assert after.future.result(timeout=WAIT) == "after"
@@ -130,8 +140,8 @@ def test_a_hold_can_begin_later_and_the_workers_keep_it_themselves() -> None:
 def test_new_servers_leave_a_quarter_of_the_workers_to_healthy_ones() -> None:
     pool = CollectionPool(workers=4)
     release = _blocked(pool, Priority.NEW, 3)  # three new servers that hang
-    fourth = pool.submit(lambda: "new", Priority.NEW)
-    healthy = pool.submit(lambda: "healthy", Priority.ROUTINE)
+    fourth = _submit(pool, lambda: "new", Priority.NEW)
+    healthy = _submit(pool, lambda: "healthy", Priority.ROUTINE)
     assert healthy.future.result(timeout=WAIT) == "healthy"
     time.sleep(0.1)
     assert not fourth.future.done()
