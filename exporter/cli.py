@@ -26,6 +26,7 @@ from .daemon import Daemon
 from .report import run_check
 from .rules import dump, prometheus_rule, rule_groups, thresholds_from
 from .schema import ConfigError
+from .web_config import WebSettings, read_web_config
 
 log = logging.getLogger("pg_advisory_exporter")
 
@@ -128,9 +129,9 @@ def _reader(args: argparse.Namespace) -> Callable[[], Config]:
     return lambda: load(flags, env)
 
 
-def run_daemon(config: Config, reread: Callable[[], Config]) -> int:
+def run_daemon(config: Config, reread: Callable[[], Config], web: WebSettings | None) -> int:
     try:
-        daemon = Daemon(config, reread)
+        daemon = Daemon(config, reread, web)
     except OSError as exc:
         log.error(
             "cannot listen", extra={"address": config.web.listen_address, "error": exc.strerror}
@@ -183,17 +184,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         reread = _reader(args)
         config = reread()
+        # Read apart from the rest: it is watched and reloaded on its own, as in Go.
+        web_file = config.web.config_file
+        web = None if web_file is None else read_web_config(web_file)
     except ConfigError as exc:
         print(f"pg-advisory-exporter: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.config_check:
         names = ", ".join(t.name for t in config.targets)
         print(f"configuration is valid: {len(config.targets)} target(s): {names}")
+        if web is not None:
+            print(f"web configuration is valid: {web.summary}")
         return 0
     logs.setup(config.log.level, config.log.format)
     if args.command == "check":
         return run_check(config)
-    return run_daemon(config, reread)
+    return run_daemon(config, reread, web)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,13 @@ class FileOnly:
     """Marks a field that only the file sets: a list of rules has no flag or variable form."""
 
 
+@dataclass(frozen=True)
+class Spelled:
+    """Marks a setting whose flag is spelled as the Go exporters spell it (--web.config.file)."""
+
+    flag: str
+
+
 class CollectionSettings(Strict):
     """How one server is read; set for all targets, and overridable per target.
 
@@ -251,6 +258,11 @@ class WebConfig(Strict):
     enable_lifecycle: bool = Field(
         default=False, description="serve POST /-/reload (SIGHUP reloads either way)"
     )
+    config_file: Annotated[Path | None, Spelled("--web.config.file")] = Field(
+        default=None,
+        description="web configuration file in the exporter-toolkit format: TLS, basic auth "
+        "users and response headers for every endpoint, read again when it changes",
+    )
 
 
 class LogConfig(Strict):
@@ -339,7 +351,8 @@ class Setting:
     @property
     def flag(self) -> str:
         """--dsn, --config.file, --collection.min-interval."""
-        return "--" + ".".join(self.path).replace("_", "-")
+        spelled = next((m.flag for m in self.field.metadata if isinstance(m, Spelled)), None)
+        return spelled or "--" + ".".join(self.path).replace("_", "-")
 
     @property
     def dest(self) -> str:

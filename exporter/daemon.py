@@ -15,6 +15,8 @@ from .http import make_app, serve
 from .scheduling import CollectionPool, Watchdog
 from .schema import ConfigError
 from .target import Target
+from .web_access import WebAccess
+from .web_config import WebSettings
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +24,16 @@ log = logging.getLogger(__name__)
 class Daemon:
     """Binds the listen address on creation (so a taken port fails at once).
 
-    `reread` gives the configuration anew for a reload (SIGHUP or POST /-/reload).
+    `reread` gives the configuration anew for a reload (SIGHUP or POST /-/reload); `web`
+    is the web configuration file, read (and then watched for changes) apart from it.
     """
 
-    def __init__(self, config: Config, reread: Callable[[], Config] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        reread: Callable[[], Config] | None = None,
+        web: WebSettings | None = None,
+    ) -> None:
         self.config = config
         self._reread = reread
         # Bounded: a fleet of servers never opens more than this many collections at once.
@@ -37,7 +45,8 @@ class Daemon:
         self.collectors.register(ExporterCollector(self.targets, self.pool))
         ProcessCollector(registry=self.collectors)
         host, port = split_listen_address(config.web.listen_address)
-        self._server = serve(make_app(self), host, port)
+        self._access = None if web is None else WebAccess(web)
+        self._server = serve(make_app(self), host, port, self._access)
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
 
@@ -123,7 +132,8 @@ class Daemon:
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{port}{self.telemetry_path}"
+        scheme = "https" if self._access is not None and self._access.tls else "http"
+        return f"{scheme}://{host}:{port}{self.telemetry_path}"
 
     def serve_forever(self) -> None:
         log.info(
@@ -132,6 +142,7 @@ class Daemon:
                 "address": self.config.web.listen_address,
                 "telemetry_path": self.telemetry_path,
                 "targets": ",".join(self._targets),
+                "web_config": "none" if self._access is None else self._access.current().summary,
                 "version": __version__,
             },
         )

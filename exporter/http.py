@@ -6,12 +6,14 @@ import html
 import json
 import logging
 import socket
+import ssl
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any, Protocol
-from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from urllib.parse import parse_qs, urlsplit
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -27,6 +29,7 @@ from .endpoints import (
 )
 from .scheduling import CollectionPool
 from .target import Target
+from .web_access import WebAccess
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +154,15 @@ def make_app(exported: Exported) -> WsgiApp:
                 "the lifecycle API is off: start with --web.enable-lifecycle to reload over "
                 "HTTP (SIGHUP reloads either way)",
             )
+        # A web page elsewhere can make a browser POST here (no preflight for a form): its
+        # Origin names that page. Tools such as curl send none.
+        origin = environ.get("HTTP_ORIGIN")
+        if origin is not None and urlsplit(origin).netloc != environ.get("HTTP_HOST"):
+            return _text(
+                start_response,
+                "403 Forbidden",
+                f"a request from the web page of {origin} cannot reload the exporter",
+            )
         error = exported.reload()
         if error is not None:
             return _text(start_response, "500 Internal Server Error", f"reload refused: {error}")
@@ -220,10 +232,18 @@ LISTEN_BACKLOG = 128  # a burst of scrapes queues instead of waiting for a TCP r
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape left hanging by its client never blocks shutdown
     request_queue_size = LISTEN_BACKLOG
+    access: WebAccess | None = None  # set by serve() when there is a web configuration
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(*args, **kwargs)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exception()
+        if isinstance(error, OSError):  # a refused handshake, a client gone: theirs, not ours
+            log.debug("connection ended", extra={"client": client_address[0], "error": str(error)})
+        else:
+            log.error("error serving a request", exc_info=error)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self._slots.acquire()  # at the cap, the next connection waits its turn
@@ -254,16 +274,41 @@ class _DualStackServer(_IPv6Server):
 
 class _QuietHandler(WSGIRequestHandler):
     timeout = READ_TIMEOUT
+    server: _ThreadingServer
+
+    def setup(self) -> None:
+        # The handshake runs here, in the connection's own thread and under its read
+        # timeout: a client that never sends a ClientHello holds up no one else.
+        access = self.server.access
+        if access is not None and access.tls:
+            self.request.settimeout(self.timeout)
+            self.request = access.wrap(self.request)
+        super().setup()
+
+    def get_environ(self) -> dict[str, Any]:
+        environ = super().get_environ()
+        if isinstance(self.request, ssl.SSLSocket):
+            environ["HTTPS"] = "on"
+            environ["wsgi.url_scheme"] = "https"
+        return environ
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug(format, *args)
 
 
-def serve(app: WsgiApp, host: str, port: int) -> WSGIServer:
-    """Bind now (so a taken port fails at start-up); the caller runs serve_forever()."""
+def serve(app: WsgiApp, host: str, port: int, access: WebAccess | None = None) -> WSGIServer:
+    """Bind now (so a taken port fails at start-up); the caller runs serve_forever().
+
+    With a web configuration, every endpoint is behind it: TLS, users and headers.
+    """
     server_class: type[_ThreadingServer] = _ThreadingServer
     if host == "" and socket.has_dualstack_ipv6():
         server_class, host = _DualStackServer, "::"
     elif ":" in host:
         server_class = _IPv6Server
-    return make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+    if access is not None:
+        app = access.guard(app)
+    server = server_class((host, port), _QuietHandler)
+    server.access = access
+    server.set_app(app)
+    return server

@@ -29,6 +29,7 @@ from support import (
     SilentServer,
     StartExporter,
     StartService,
+    Tls,
     cli_command,
     run_cli,
     wait_until,
@@ -171,8 +172,8 @@ def start_exporter(tmp_path: Path) -> Iterator[StartExporter]:
         def listening() -> bool:
             if process.poll() is not None:
                 pytest.fail(f"exporter exited with {process.returncode}:\n{exporter.log()}")
-            try:
-                exporter.get("/")
+            try:  # a connection, not a request: the port may speak TLS and ask for a password
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
             except OSError:
                 return False
             return True
@@ -184,6 +185,14 @@ def start_exporter(tmp_path: Path) -> Iterator[StartExporter]:
     for exporter in running:
         exporter.process.terminate()
         exporter.process.wait(timeout=15)
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> Tls:
+    """A throwaway CA, server certificate (127.0.0.1) and client certificate in files."""
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    return Tls(folder)
 
 
 @pytest.fixture

@@ -3,8 +3,10 @@ scraping the exporter, and the types of the fixtures in conftest.py."""
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from typing import Any, Protocol
 
 import psycopg
 import pytest
+import trustme
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import TupleRow
 
@@ -113,15 +116,72 @@ def run_cli(
 
 
 def http_get(
-    url: str, headers: Mapping[str, str] | None = None, method: str = "GET"
+    url: str,
+    headers: Mapping[str, str] | None = None,
+    method: str = "GET",
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, str]:
-    """Status and body; an HTTP error status is an answer too."""
+    """Status and body; an HTTP error status is an answer too. `context` for https URLs."""
     request = urllib.request.Request(url, headers=dict(headers or {}), method=method)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+
+
+def basic_auth(user: str, password: str) -> dict[str, str]:
+    """The request header of HTTP basic authentication."""
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+@dataclass
+class Tls:
+    """A throwaway CA with a server certificate for 127.0.0.1 and a client certificate, in
+    files under `folder`; `rotate()` writes a new server certificate over the old one."""
+
+    folder: Path
+    ca: trustme.CA = field(default_factory=trustme.CA)
+
+    def __post_init__(self) -> None:
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
+        client = self.ca.issue_cert("prometheus@example.com")
+        client.private_key_and_cert_chain_pem.write_to_path(str(self.client_file))
+        self.rotate()
+
+    @property
+    def ca_file(self) -> Path:
+        return self.folder / "ca.pem"
+
+    @property
+    def cert_file(self) -> Path:
+        return self.folder / "server.pem"
+
+    @property
+    def key_file(self) -> Path:
+        return self.folder / "server-key.pem"
+
+    @property
+    def client_file(self) -> Path:
+        """The client's certificate and key in one file."""
+        return self.folder / "client.pem"
+
+    def rotate(self) -> bytes:
+        """Issue a new server certificate into the same files; returns it (DER)."""
+        cert = self.ca.issue_cert("127.0.0.1", "localhost")
+        # The key first: a reader between the two writes sees a pair that does not match
+        # and keeps the old one, as a real rotation may make it do.
+        cert.private_key_pem.write_to_path(str(self.key_file))
+        cert.cert_chain_pems[0].write_to_path(str(self.cert_file))
+        return ssl.PEM_cert_to_DER_cert(self.cert_file.read_text())
+
+    def client(self, certificate: bool = False) -> ssl.SSLContext:
+        """A client that trusts the CA, and shows the client certificate if asked to."""
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        if certificate:
+            context.load_cert_chain(str(self.client_file))
+        return context
 
 
 Labels = dict[str, str]

@@ -114,6 +114,12 @@ def test_reload_over_http_needs_the_lifecycle_flag(start_exporter: StartExporter
     opened = start_exporter("--web.enable-lifecycle", config=config)
     assert opened.get("/-/reload", method="POST") == (200, "reloaded\n")
     assert opened.get("/-/reload")[0] == 405
+    # A page elsewhere cannot make a visitor's browser reload it; the landing page's origin can.
+    status, body = opened.get("/-/reload", {"Origin": "https://evil.example"}, method="POST")
+    assert status == 403
+    assert "evil.example" in body
+    own = {"Origin": f"http://127.0.0.1:{opened.port}"}
+    assert opened.get("/-/reload", own, method="POST") == (200, "reloaded\n")
 
 
 def test_liveness_and_readiness_never_depend_on_a_database(start_exporter: StartExporter) -> None:

@@ -178,3 +178,9 @@ def test_a_targets_own_file_only_settings_load_as_they_validate(tmp_path: Path) 
     )
     assert collection is not None
     assert [rule.rule().apply("web-x") for rule in collection.application_name_rewrites] == ["web"]
+
+
+def test_the_dsn_help_says_how_to_keep_the_password_out_of_ps() -> None:
+    (dsn,) = (setting for setting in SETTINGS if setting.flag == "--dsn")
+    for way in ("ps shows", "PGPASSFILE", "the variable", "password_file"):
+        assert way in dsn.help
