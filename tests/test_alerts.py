@@ -161,3 +161,37 @@ def test_the_readme_documents_every_threshold() -> None:
         assert f"`{name}`" in alerts_section, f"the README's Alerts section misses {name}"
     for alert in CONTRACT_ALERTS:
         assert f"`{alert}`" in alerts_section
+
+
+def test_the_readme_scrapes_as_the_job_the_rules_expect() -> None:
+    """A scrape example copied as it is must let PgAdvisoryExporterDown fire."""
+    readme = (ROOT / "README.md").read_text()
+    jobs = re.findall(r"^\s*- job_name: (\S+)", readme, flags=re.MULTILINE)
+    assert len(jobs) >= 2  # /probe's and the TLS one
+    assert set(jobs) == {Thresholds().exporter_job}
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        ("namespace,cluster", ("namespace", "cluster")),
+        (" region , zone ", ("region", "zone")),
+        ("", ()),
+    ],
+)
+def test_group_labels_are_set_comma_separated(given: str, kept: tuple[str, ...]) -> None:
+    thresholds = Thresholds.model_validate({"group_labels": given})
+    assert thresholds.group_labels == kept
+    expr = rule_groups(thresholds)["groups"][0]["rules"][0]["expr"]
+    labels = ("job", "instance", "target", "datname", "application_name", "state", *kept)
+    assert expr.startswith(f"max by ({', '.join(labels)}) ")
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [("target", "kept by every rule already"), ("name-space", "String should match pattern")],
+)
+def test_a_group_label_must_be_a_new_label_name(given: str, message: str, cli: Cli) -> None:
+    result = cli("rules", "--set", f"group_labels={given}")
+    assert result.returncode == 2
+    assert message in result.stderr

@@ -1,0 +1,220 @@
+{{/* Names, labels and the pieces several templates share. */}}
+
+{{- define "pg-advisory-exporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release name alone when it already holds the chart's name, as the common charts do. */}}
+{{- define "pg-advisory-exporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "pg-advisory-exporter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "pg-advisory-exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pg-advisory-exporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "pg-advisory-exporter.labels" -}}
+helm.sh/chart: {{ include "pg-advisory-exporter.chart" . }}
+{{ include "pg-advisory-exporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "pg-advisory-exporter.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "pg-advisory-exporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "pg-advisory-exporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "pg-advisory-exporter.imageTag" -}}
+{{- .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "pg-advisory-exporter.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (include "pg-advisory-exporter.imageTag" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Where the container finds its files. */}}
+{{- define "pg-advisory-exporter.configDir" -}}/etc/pg-advisory-exporter/config{{- end }}
+{{- define "pg-advisory-exporter.secretsDir" -}}/etc/pg-advisory-exporter/secrets{{- end }}
+{{- define "pg-advisory-exporter.webDir" -}}/etc/pg-advisory-exporter/web{{- end }}
+{{- define "pg-advisory-exporter.port" -}}9846{{- end }}
+
+{{/* The configuration file's key in the ConfigMap or Secret the pod mounts. */}}
+{{- define "pg-advisory-exporter.configKey" -}}
+{{- if or .Values.config.existingConfigMap .Values.config.existingSecret }}
+{{- .Values.config.existingKey }}
+{{- else -}}
+config.yaml
+{{- end }}
+{{- end }}
+
+{{/* A password written into a DSN would end up in a ConfigMap, readable by anyone who may
+read the namespace's ConfigMaps: refuse it and say where it belongs. The patterns are the
+ones the exporter redacts (config.py, _password_in), sslpassword= and ?password= included. */}}
+{{- define "pg-advisory-exporter.checkDsn" -}}
+{{- $target := . }}
+{{- if or (regexMatch "^[a-z]+://[^/@:]*:[^@/]*@" $target.dsn) (regexMatch "password\\s*=" $target.dsn) }}
+{{- fail (printf "config.targets: target %q has a password in its DSN, which would be stored in a ConfigMap: give passwordSecret (an existing Secret's name and key) instead, or the whole file in config.existingSecret" $target.name) }}
+{{- end }}
+{{- end }}
+
+{{/* The distinct Secrets that targets take their passwords from, sorted, so that each is
+mounted once whatever the number of targets that share it. */}}
+{{- define "pg-advisory-exporter.passwordSecrets" -}}
+{{- $names := list }}
+{{- range .Values.config.targets }}
+{{- with .passwordSecret }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- end }}
+{{- $names | uniq | sortAlpha | toJson }}
+{{- end }}
+
+{{/* A Secret's volume name: a DNS label whatever the Secret's name. */}}
+{{- define "pg-advisory-exporter.passwordVolume" -}}
+{{- printf "password-%s" (sha256sum . | trunc 10) }}
+{{- end }}
+
+{{/* The exporter's configuration file from .Values.config: the file's own keys, empty ones
+left out, each target's passwordSecret turned into the password_file it is mounted at. */}}
+{{- define "pg-advisory-exporter.configFile" -}}
+{{- $config := .Values.config }}
+{{- $secretsDir := include "pg-advisory-exporter.secretsDir" . }}
+{{- $file := dict }}
+{{- range $key := list "log" "collection" "max_parallel_collections" "keys" }}
+{{- $value := get $config $key }}
+{{- if not (empty $value) }}
+{{- $_ := set $file $key $value }}
+{{- end }}
+{{- end }}
+{{- if not $config.targets }}
+{{- fail "config.targets is empty: list the servers to watch, or give the whole file in config.existingSecret or config.existingConfigMap" }}
+{{- end }}
+{{- $targets := list }}
+{{- $names := dict }}
+{{- range $config.targets }}
+{{- if hasKey $names .name }}
+{{- fail (printf "config.targets: the name %q is used twice" .name) }}
+{{- end }}
+{{- $_ := set $names .name true }}
+{{- include "pg-advisory-exporter.checkDsn" . }}
+{{- if and .passwordSecret .password_file }}
+{{- fail (printf "config.targets: target %q has both passwordSecret and password_file: give one" .name) }}
+{{- end }}
+{{- $target := omit . "passwordSecret" }}
+{{- with .passwordSecret }}
+{{- $_ := set $target "password_file" (printf "%s/%s/%s" $secretsDir .name .key) }}
+{{- end }}
+{{- $targets = append $targets $target }}
+{{- end }}
+{{- $_ := set $file "targets" $targets }}
+{{- toYaml $file }}
+{{- end }}
+
+{{/* The target names of a multi-target monitor: its own list, else config.targets. */}}
+{{- define "pg-advisory-exporter.monitorTargets" -}}
+{{- $monitor := .monitor }}
+{{- $values := .root.Values }}
+{{- $names := $monitor.multipleTarget.targets }}
+{{- if not $names }}
+{{- if or $values.config.existingConfigMap $values.config.existingSecret }}
+{{- fail (printf "%s.multipleTarget.targets: list the target names: the chart cannot read them from config.existingConfigMap or config.existingSecret" .key) }}
+{{- end }}
+{{- range $values.config.targets }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- end }}
+{{- $names | toJson }}
+{{- end }}
+
+{{/* The scrape endpoints of a ServiceMonitor or PodMonitor: one for /metrics, or one per
+target for /probe?target=NAME. Every endpoint sets `job` to prometheusJob, which
+PgAdvisoryExporterDown matches: jobLabel cannot, since it copies a label's value from the
+Service and the PodMonitor has no Service. In multi-target mode `target` is set too, so that
+each endpoint's up and scrape_* series differ; honorLabels keeps the exporter's own `target`
+label (the same name) on its series, where Prometheus would otherwise add exported_target. */}}
+{{- define "pg-advisory-exporter.scrapeEndpoints" -}}
+{{- $root := .root }}
+{{- $monitor := .monitor }}
+{{- $names := list "" }}
+{{- if $monitor.multipleTarget.enabled }}
+{{- $names = include "pg-advisory-exporter.monitorTargets" . | fromJsonArray }}
+{{- end }}
+{{- range $name := $names }}
+- port: http
+  {{- if $name }}
+  path: /probe
+  params:
+    target:
+      - {{ $name | quote }}
+  honorLabels: true
+  {{- else }}
+  path: /metrics
+  {{- end }}
+  {{- with $monitor.interval }}
+  interval: {{ . }}
+  {{- end }}
+  {{- with $monitor.timeout }}
+  scrapeTimeout: {{ . }}
+  {{- end }}
+  {{- if $monitor.scheme }}
+  scheme: {{ $monitor.scheme }}
+  {{- else if $root.Values.webConfig.tls }}
+  scheme: https
+  {{- end }}
+  {{- with $monitor.tlsConfig }}
+  tlsConfig:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $monitor.basicAuth }}
+  basicAuth:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  relabelings:
+    - action: replace
+      targetLabel: job
+      replacement: {{ $root.Values.prometheusJob | quote }}
+    {{- if $name }}
+    - action: replace
+      targetLabel: target
+      replacement: {{ $name | quote }}
+    {{- end }}
+    {{- with $monitor.relabelings }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $monitor.metricRelabelings }}
+  metricRelabelings:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A probe from values, turned to HTTPS when the exporter serves TLS. */}}
+{{- define "pg-advisory-exporter.probe" -}}
+{{- $probe := deepCopy .probe }}
+{{- if and .root.Values.webConfig.tls $probe.httpGet }}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $probe }}
+{{- end }}

@@ -1,0 +1,42 @@
+{{- /*
+How prometheusrule.yaml writes a threshold, as exporter/rules.py writes it for
+`pg-advisory-exporter rules`: a duration is seconds (900) or Prometheus-style ("15m",
+"1m30s", "500ms"), the same forms the command's --set takes.
+*/ -}}
+
+{{- /* A duration in whole milliseconds. */ -}}
+{{- define "pg-advisory-exporter.rules.milliseconds" -}}
+{{- $text := toString . -}}
+{{- $ms := 0.0 -}}
+{{- if regexMatch `^[0-9]+(\.[0-9]+)?$` $text -}}
+{{- $ms = mulf (float64 $text) 1000 -}}
+{{- else -}}
+{{- $sizes := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 -}}
+{{- range regexFindAll `[0-9]+(\.[0-9]+)?(ms|s|m|h|d)` $text -1 -}}
+{{- $unit := regexFind `(ms|s|m|h|d)$` . -}}
+{{- $ms = addf $ms (mulf (float64 (trimSuffix $unit .)) (get $sizes $unit)) -}}
+{{- end -}}
+{{- end -}}
+{{- round $ms 0 | int64 -}}
+{{- end -}}
+
+{{- /* Seconds, for PromQL: 900, 0.5. */ -}}
+{{- define "pg-advisory-exporter.rules.seconds" -}}
+{{- divf (include "pg-advisory-exporter.rules.milliseconds" . | int64) 1000 -}}
+{{- end -}}
+
+{{- /* As Prometheus writes a duration: 15m, 1h30m, 500ms. */ -}}
+{{- define "pg-advisory-exporter.rules.duration" -}}
+{{- $ms := include "pg-advisory-exporter.rules.milliseconds" . | int64 -}}
+{{- if eq $ms 0 }}0s{{ end -}}
+{{- range list (list "d" 86400000) (list "h" 3600000) (list "m" 60000) (list "s" 1000) -}}
+{{- $size := index . 1 | int64 -}}
+{{- if ge $ms $size }}{{ div $ms $size }}{{ index . 0 }}{{ $ms = mod $ms $size }}{{ end -}}
+{{- end -}}
+{{- if gt $ms 0 }}{{ $ms }}ms{{ end -}}
+{{- end -}}
+
+{{- /* A share as a percentage: 60%. */ -}}
+{{- define "pg-advisory-exporter.rules.percent" -}}
+{{- round (mulf (float64 .) 100) 0 | int64 }}%
+{{- end -}}

@@ -1,0 +1,803 @@
+"""The Helm chart, rendered and linted by the real Helm engine (helm-python-sdk): every object
+valid for Kubernetes and for the Prometheus Operator's CRDs, secure by default, scraped under
+the job the alert rules expect, and with a configuration file the exporter accepts."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from helm_python.chart import Chart, lint
+from helm_python.errors import HelmError
+from psycopg.conninfo import conninfo_to_dict
+from support import Cli
+
+from pg_advisory_exporter import __version__
+from pg_advisory_exporter.config import (
+    CollectionSettings,
+    FileConfig,
+    LogConfig,
+    Overrides,
+    RewriteRuleConfig,
+    TargetConfig,
+    load,
+    read_flags,
+)
+from pg_advisory_exporter.registry import KeyConfig
+from pg_advisory_exporter.rules import Thresholds
+
+ROOT = Path(__file__).parent.parent
+CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"
+VALUES_DIR = Path(__file__).parent / "chart_values"
+RELEASE = "locks"
+NAMESPACE = "monitoring"
+# A recent release among those kubernetes-validate has schemas for (the chart wants >= 1.25).
+KUBERNETES = "1.33.0"
+# The CRDs of prometheus-operator 0.80.1. No package on PyPI, npm or Debian ships their
+# openAPIV3Schema as it is; PyPI's cloudcoil-models-prometheus-operator holds the pydantic
+# models cloudcoil generates from it, whose JSON schemas keep its fields, types, enums,
+# patterns and required fields. The test command installs them outside the virtualenv, since
+# cloudcoil registers a pytest plugin that needs packages of its own, and they are imported by
+# name, so that mypy does not analyse two megabytes of generated models.
+CRD_MODELS_DIR = ROOT / "build" / "crd-models"
+CRD_MODELS_INSTALL = (
+    f"pip install --no-deps --target {CRD_MODELS_DIR} "
+    "cloudcoil==0.6.0 cloudcoil-models-prometheus-operator==0.80.1.0"
+)
+OPERATOR_MODELS = "cloudcoil.models.prometheus_operator.v1"
+MONITORING_API = "monitoring.coreos.com/v1"
+
+Values = dict[str, Any]
+Document = dict[str, Any]
+
+
+def _values_file(name: str) -> Values:
+    values: Values = yaml.safe_load((VALUES_DIR / f"{name}.yaml").read_text())
+    return values
+
+
+VALUE_SETS: dict[str, Values] = {
+    "defaults": {},
+    **{name: _values_file(name) for name in sorted(p.stem for p in VALUES_DIR.glob("*.yaml"))},
+}
+
+
+@functools.cache
+def _chart() -> Chart:
+    return Chart.load(str(CHART))
+
+
+@functools.cache
+def _render_json(values_json: str) -> dict[str, str]:
+    return _chart().render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE)
+
+
+def render_files(values: Values) -> dict[str, str]:
+    """Template path to rendered text, NOTES.txt included."""
+    return _render_json(json.dumps(values, sort_keys=True))
+
+
+def render(values: Values) -> list[Document]:
+    """The manifests a release of these values would apply."""
+    return [
+        document
+        for path, text in sorted(render_files(values).items())
+        if path.endswith(".yaml")
+        for document in yaml.safe_load_all(text)
+        if document
+    ]
+
+
+def only(documents: list[Document], kind: str) -> Document:
+    found = [d for d in documents if d["kind"] == kind]
+    assert len(found) == 1, f"{len(found)} {kind} objects"
+    return found[0]
+
+
+def pod_spec(documents: list[Document]) -> dict[str, Any]:
+    spec: dict[str, Any] = only(documents, "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def exporter_container(documents: list[Document]) -> dict[str, Any]:
+    (container,) = (c for c in pod_spec(documents)["containers"] if c["name"] == "exporter")
+    return dict(container)
+
+
+def config_text(documents: list[Document]) -> str:
+    configmap = next(
+        d for d in documents if d["kind"] == "ConfigMap" and "config.yaml" in d["data"]
+    )
+    text: str = configmap["data"]["config.yaml"]
+    return text
+
+
+def scrape_endpoints(monitor: Document) -> list[dict[str, Any]]:
+    key = "endpoints" if monitor["kind"] == "ServiceMonitor" else "podMetricsEndpoints"
+    endpoints: list[dict[str, Any]] = monitor["spec"][key]
+    return endpoints
+
+
+parametrize_sets = pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+
+
+# -- Helm's own checks ----------------------------------------------------------------------
+
+
+@parametrize_sets
+def test_lints_clean_in_strict_mode(values: Values) -> None:
+    report = lint(
+        str(CHART),
+        values,
+        strict=True,
+        namespace=NAMESPACE,
+        kube_version=f"v{KUBERNETES}",
+    )
+    # Severity 1 is information ("icon is recommended"); 2 is a warning, 3 an error.
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems, problems
+    assert not report["errors"], report["errors"]
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"replicas": 2}, "'replicas' not allowed"),
+        ({"serviceMonitor": {"enabled": True, "intervall": "30s"}}, "'intervall' not allowed"),
+        ({"replicaCount": "2"}, "/replicaCount"),
+        ({"serviceMonitor": {"enabled": "yes"}}, "/serviceMonitor/enabled"),
+        (
+            {"config": {"targets": [{"name": "a", "dsn": "host=a", "pasword_file": "/p"}]}},
+            "'pasword_file' not allowed",
+        ),
+        ({"config": {"log": {"level": "verbose"}}}, "/config/log/level"),
+        ({"config": {"collection": {"min_interval": "soon"}}}, "/config/collection/min_interval"),
+        # Helm holds numbers as float64: 2^53 + 1 would silently become 2^53.
+        ({"config": {"keys": [{"name": "k", "key": 2**53 + 1}]}}, "/config/keys/0/key"),
+        ({"config": {"web": {"listen_address": ":80"}}}, "'web' not allowed"),
+        ({"podDisruptionBudget": {"enabled": True, "maxUnavailabel": 1}}, "not allowed"),
+    ],
+    ids=[
+        "unknown top-level key",
+        "unknown nested key",
+        "string for integer",
+        "string for boolean",
+        "misspelt target field",
+        "unknown log level",
+        "not a duration",
+        "key beyond 2^53",
+        "web is the chart's",
+        "misspelt pdb field",
+    ],
+)
+def test_a_values_mistake_fails_rendering(values: Values, where: str) -> None:
+    with pytest.raises(HelmError, match="schema") as raised:
+        render_files(values)
+    assert where in str(raised.value)
+
+
+# -- Kubernetes' and the Prometheus Operator's schemas --------------------------------------
+
+
+def validate_kubernetes(document: Document) -> None:
+    try:
+        kubernetes_validate.validate(document, KUBERNETES, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        where = "/".join(map(str, exc.absolute_path))
+        raise AssertionError(f"{document['kind']} {where}: {exc.message}") from None
+
+
+@parametrize_sets
+def test_core_objects_are_valid_kubernetes(values: Values) -> None:
+    core = [d for d in render(values) if d["apiVersion"] != MONITORING_API]
+    assert {d["kind"] for d in core} >= {"Deployment", "Service"}
+    for document in core:
+        validate_kubernetes(document)
+
+
+def test_kubernetes_validation_can_fail() -> None:
+    deployment = only(render({}), "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContxt"] = {}
+    with pytest.raises(AssertionError, match="'securityContxt' was unexpected"):
+        validate_kubernetes(deployment)
+
+
+def _as_the_api_server_checks(node: Any) -> Any:
+    """A generated model's JSON schema, checked as the API server checks the object.
+
+    The API server refuses unknown fields (kubectl's default is --validate=strict), where the
+    models would ignore them; and the CRDs' patterns are Go's, which take (?i) anywhere, where
+    Python's re wants it first.
+    """
+    if isinstance(node, dict):
+        if "properties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and "(?i)" in pattern[1:]:
+            node["pattern"] = "(?i)" + pattern.replace("(?i)", "")
+        for value in node.values():
+            _as_the_api_server_checks(value)
+    elif isinstance(node, list):
+        for value in node:
+            _as_the_api_server_checks(value)
+    return node
+
+
+@pytest.fixture(scope="module")
+def crd_schemas() -> dict[str, Any]:
+    """JSON schemas of ServiceMonitor, PodMonitor and PrometheusRule from their CRDs."""
+    assert (CRD_MODELS_DIR / "cloudcoil").is_dir(), (
+        f"the CRD models are not installed (the test command installs them): {CRD_MODELS_INSTALL}"
+    )
+    sys.path.append(str(CRD_MODELS_DIR))
+    models = importlib.import_module(OPERATOR_MODELS)
+    return {
+        kind: jsonschema.Draft202012Validator(
+            _as_the_api_server_checks(getattr(models, kind).model_json_schema(by_alias=True))
+        )
+        for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+    }
+
+
+def validate_crd(document: Document, crd_schemas: dict[str, Any]) -> None:
+    errors = sorted(crd_schemas[document["kind"]].iter_errors(document), key=str)
+    assert not errors, "\n".join(
+        f"{document['kind']} {'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors
+    )
+
+
+@parametrize_sets
+def test_prometheus_operator_objects_match_their_crds(
+    values: Values, crd_schemas: dict[str, Any]
+) -> None:
+    for document in render(values):
+        if document["apiVersion"] == MONITORING_API:
+            validate_crd(document, crd_schemas)
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        lambda e: e.update(relabellings=[]),
+        lambda e: e.update(port=9846),
+        lambda e: e.update(interval="30 seconds"),
+        lambda e: e.update(scheme="ftp"),
+        lambda e: e.update(params={"target": "orders"}),
+    ],
+    ids=["unknown field", "number for a port name", "bad interval", "bad scheme", "bad params"],
+)
+def test_crd_validation_can_fail(
+    crd_schemas: dict[str, Any], mistake: Callable[[dict[str, Any]], None]
+) -> None:
+    monitor = only(render(VALUE_SETS["multi-target"]), "ServiceMonitor")
+    mistake(monitor["spec"]["endpoints"][0])
+    with pytest.raises(AssertionError, match="endpoints/0"):
+        validate_crd(monitor, crd_schemas)
+
+
+def test_kinds_of_each_set() -> None:
+    def kinds(values: Values) -> list[str]:
+        return sorted(d["kind"] for d in render(values))
+
+    assert kinds({}) == ["ConfigMap", "Deployment", "Service"]
+    assert kinds(VALUE_SETS["config-from-secret"]) == ["Deployment", "Service", "ServiceMonitor"]
+    everything = kinds(VALUE_SETS["everything"])
+    assert set(everything) == {
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PodMonitor",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+        "PrometheusRule",
+    }
+    assert everything.count("ConfigMap") == 2  # the configuration and the dashboard
+
+
+# -- Secure defaults ------------------------------------------------------------------------
+
+
+def test_secure_defaults() -> None:
+    documents = render({})
+    pod = pod_spec(documents)
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & pod.keys()
+    container = exporter_container(documents)
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_the_pod_runs_as_the_images_user() -> None:
+    (user,) = re.findall(r"^USER\s+(\d+):(\d+)\s*$", (ROOT / "Dockerfile").read_text(), re.M)
+    context = pod_spec(render({}))["securityContext"]
+    assert (str(context["runAsUser"]), str(context["runAsGroup"])) == user
+
+
+def test_the_user_id_is_a_value() -> None:
+    pod = pod_spec(render({"podSecurityContext": {"runAsUser": 10001, "runAsGroup": 10001}}))
+    context = pod["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["runAsNonRoot"]) == (
+        10001,
+        10001,
+        True,
+    )
+
+
+def test_a_created_service_account_mounts_no_token() -> None:
+    documents = render({"serviceAccount": {"create": True}})
+    account = only(documents, "ServiceAccount")
+    assert account["automountServiceAccountToken"] is False
+    assert pod_spec(documents)["serviceAccountName"] == account["metadata"]["name"]
+    assert pod_spec(documents)["automountServiceAccountToken"] is False
+
+
+def test_image_defaults_to_the_charts_app_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert exporter_container(render({}))["image"] == (
+        f"ghcr.io/pg-advisory-exporter/pg-advisory-exporter:{chart['appVersion']}"
+    )
+    digest = VALUE_SETS["everything"]["image"]["digest"]
+    assert exporter_container(render(VALUE_SETS["everything"]))["image"].endswith(f"@{digest}")
+
+
+def test_app_version_is_the_exporters() -> None:
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"] == __version__
+
+
+# -- Probes ---------------------------------------------------------------------------------
+
+
+def test_probes_use_the_endpoints_that_ignore_databases() -> None:
+    documents = render({})
+    container = exporter_container(documents)
+    assert container["ports"] == [{"name": "http", "containerPort": 9846, "protocol": "TCP"}]
+    assert "--web.listen-address=:9846" in container["args"]
+    liveness, readiness = container["livenessProbe"], container["readinessProbe"]
+    # /-/ready, not /health: a database that is down must not empty the Service.
+    assert liveness["httpGet"] == {"path": "/-/healthy", "port": "http"}
+    assert readiness["httpGet"] == {"path": "/-/ready", "port": "http"}
+    service = only(documents, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 9846, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_tls_turns_probes_and_monitors_to_https() -> None:
+    documents = render(VALUE_SETS["everything"])
+    container = exporter_container(documents)
+    assert container["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    for kind in ("ServiceMonitor", "PodMonitor"):
+        for endpoint in scrape_endpoints(only(documents, kind)):
+            assert endpoint["scheme"] == "https"
+    assert "--web.config.file=/etc/pg-advisory-exporter/web/web-config.yml" in container["args"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(documents)["volumes"]}
+    assert mounts["web-config"] == "/etc/pg-advisory-exporter/web"
+    # A directory, not a subPath: a renewed certificate reaches the exporter, which rereads it.
+    assert volumes["web-config"]["secret"]["secretName"] == "pg-advisory-exporter-web"
+
+
+# -- Scraping: the job label, single and multi-target ---------------------------------------
+
+
+def monitors(documents: list[Document]) -> list[Document]:
+    return [d for d in documents if d["kind"] in ("ServiceMonitor", "PodMonitor")]
+
+
+def job_relabeling(endpoint: dict[str, Any]) -> dict[str, Any]:
+    relabeling: dict[str, Any] = endpoint["relabelings"][0]
+    return relabeling
+
+
+@pytest.mark.parametrize("name", ["multi-target", "everything", "config-from-secret"])
+def test_every_endpoint_sets_the_job_the_rules_expect(name: str) -> None:
+    values = VALUE_SETS[name]
+    job = values.get("prometheusJob", "pg-advisory-exporter")
+    found = monitors(render(values))
+    assert found
+    for monitor in found:
+        for endpoint in scrape_endpoints(monitor):
+            assert job_relabeling(endpoint) == {
+                "action": "replace",
+                "targetLabel": "job",
+                "replacement": job,
+            }
+
+
+def test_the_job_default_is_what_the_alert_rules_expect() -> None:
+    assert (
+        yaml.safe_load((CHART / "values.yaml").read_text())["prometheusJob"]
+        == Thresholds().exporter_job
+    )
+
+
+def test_single_target_scrapes_metrics() -> None:
+    documents = render({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
+    for monitor in monitors(documents):
+        (endpoint,) = scrape_endpoints(monitor)
+        assert endpoint["path"] == "/metrics"
+        assert endpoint["port"] == "http"
+        assert "params" not in endpoint
+        assert len(endpoint["relabelings"]) == 1
+    service_monitor = only(documents, "ServiceMonitor")
+    selector = service_monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= only(documents, "Service")["metadata"]["labels"].items()
+    assert service_monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+
+
+def test_multi_target_has_one_probe_endpoint_per_target() -> None:
+    values = VALUE_SETS["multi-target"]
+    monitor = only(render(values), "ServiceMonitor")
+    names = [t["name"] for t in values["config"]["targets"]]
+    endpoints = scrape_endpoints(monitor)
+    assert [e["params"] for e in endpoints] == [{"target": [name]} for name in names]
+    for name, endpoint in zip(names, endpoints, strict=True):
+        assert endpoint["path"] == "/probe"
+        assert endpoint["port"] == "http"
+        assert endpoint["interval"] == "30s"
+        # The relabeling tells apart the endpoints' own series (up, scrape_*), which would
+        # otherwise collide; honorLabels keeps the exporter's series, which carry the same
+        # target label, from getting an exported_target copy.
+        assert endpoint["honorLabels"] is True
+        assert endpoint["relabelings"][1] == {
+            "action": "replace",
+            "targetLabel": "target",
+            "replacement": name,
+        }
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_multi_target_names_can_be_listed() -> None:
+    documents = render(VALUE_SETS["everything"])
+    (endpoint,) = scrape_endpoints(only(documents, "PodMonitor"))
+    assert endpoint["params"] == {"target": ["orders"]}
+    monitor = only(render(VALUE_SETS["config-from-secret"]), "ServiceMonitor")
+    assert [e["params"]["target"] for e in scrape_endpoints(monitor)] == [["orders"], ["billing"]]
+
+
+def test_multi_target_from_an_existing_file_needs_the_names() -> None:
+    values = {
+        "config": {"existingConfigMap": "mine"},
+        "serviceMonitor": {"enabled": True, "multipleTarget": {"enabled": True}},
+    }
+    with pytest.raises(HelmError, match=r"serviceMonitor\.multipleTarget\.targets"):
+        render_files(values)
+
+
+def test_user_relabelings_follow_the_charts() -> None:
+    values = VALUE_SETS["everything"]
+    (endpoint,) = scrape_endpoints(only(render(values), "ServiceMonitor"))
+    assert endpoint["relabelings"][1:] == values["serviceMonitor"]["relabelings"]
+    assert endpoint["metricRelabelings"] == values["serviceMonitor"]["metricRelabelings"]
+    assert endpoint["scrapeTimeout"] == "20s"
+
+
+def test_prometheus_rule_matches_the_monitors_job() -> None:
+    documents = render(VALUE_SETS["everything"])
+    rule = only(documents, "PrometheusRule")
+    (down,) = (
+        r for group in rule["spec"]["groups"] for r in group["rules"]
+        if r.get("alert") == "PgAdvisoryExporterDown"
+    )  # fmt: skip
+    assert 'up{job="db-locks"}' in down["expr"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["metadata"]["namespace"] == "observability"
+
+
+# -- The configuration file and its credentials ---------------------------------------------
+
+
+def test_a_config_change_rolls_the_pods() -> None:
+    def checksum(values: Values) -> str | None:
+        annotations = only(render(values), "Deployment")["spec"]["template"]["metadata"]
+        found: str | None = annotations.get("annotations", {}).get("checksum/config")
+        return found
+
+    base = checksum({})
+    assert base == hashlib.sha256(config_text(render({})).rstrip("\n").encode()).hexdigest()
+    assert checksum({"replicaCount": 3, "podLabels": {"a": "b"}}) == base
+    assert checksum({"config": {"log": {"level": "debug"}}}) != base
+    assert checksum({"config": {"targets": [{"name": "b", "dsn": "host=b"}]}}) != base
+    # The chart cannot see into a ConfigMap or Secret it does not make.
+    assert checksum({"config": {"existingConfigMap": "mine"}}) is None
+
+
+def mounted_files(documents: list[Document]) -> dict[str, tuple[str, str]]:
+    """Path in the container to (Secret name, key) of each file mounted from a Secret."""
+    container = exporter_container(documents)
+    volumes = {v["name"]: v for v in pod_spec(documents)["volumes"]}
+    files: dict[str, tuple[str, str]] = {}
+    for mount in container["volumeMounts"]:
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None:
+            continue
+        assert "subPath" not in mount
+        for item in secret.get("items", []):
+            files[f"{mount['mountPath']}/{item['path']}"] = (secret["secretName"], item["key"])
+    return files
+
+
+def test_passwords_are_mounted_from_existing_secrets() -> None:
+    values = VALUE_SETS["existing-secret"]
+    documents = render(values)
+    config = yaml.safe_load(config_text(documents))
+    files = mounted_files(documents)
+    for given, rendered in zip(values["config"]["targets"], config["targets"], strict=True):
+        secret = given["passwordSecret"]
+        assert "passwordSecret" not in rendered
+        assert files[rendered["password_file"]] == (secret["name"], secret["key"])
+    volumes = [v for v in pod_spec(documents)["volumes"] if "secret" in v]
+    # One volume per Secret, holding only the keys the targets name.
+    assert sorted(v["secret"]["secretName"] for v in volumes) == [
+        "pg-monitor",
+        "reports-db-credentials",
+    ]
+    for volume in volumes:
+        assert volume["secret"]["optional"] is False
+        assert volume["secret"]["defaultMode"] == 0o440
+    shared = next(v["secret"] for v in volumes if v["secret"]["secretName"] == "pg-monitor")
+    assert [item["key"] for item in shared["items"]] == ["billing", "orders"]
+
+
+def test_no_password_in_a_configmap_or_the_environment() -> None:
+    for name, values in VALUE_SETS.items():
+        documents = render(values)
+        assert not [d for d in documents if d["kind"] == "Secret"], name
+        container = exporter_container(documents)
+        assert "envFrom" not in container, name
+        assert container.get("env", []) == values.get("extraEnv", []), name
+        if values.get("config", {}).get("existingSecret"):
+            continue
+        for target in yaml.safe_load(config_text(documents))["targets"]:
+            assert "password" not in conninfo_to_dict(target["dsn"]), (name, target["name"])
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://monitor:s3cret@db:5432/postgres",
+        "host=db user=monitor password=s3cret",
+        "host=db password = 's3 cret' user=monitor",
+        "postgresql://db/postgres?user=monitor&password=s3cret",
+        "host=db sslkey=/k sslpassword=s3cret",
+    ],
+    ids=["URI", "keyword", "quoted keyword", "URI parameter", "key passphrase"],
+)
+def test_a_password_in_a_dsn_is_refused(dsn: str) -> None:
+    values = {"config": {"targets": [{"name": "db", "dsn": dsn}]}}
+    with pytest.raises(HelmError, match="passwordSecret") as raised:
+        render_files(values)
+    assert "s3" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        ([], "config.targets is empty"),
+        ([{"name": "a", "dsn": "host=a"}, {"name": "a", "dsn": "host=b"}], '"a" is used twice'),
+        (
+            [
+                {
+                    "name": "a",
+                    "dsn": "host=a",
+                    "password_file": "/p",
+                    "passwordSecret": {"name": "s", "key": "k"},
+                }
+            ],
+            "both passwordSecret and password_file",
+        ),
+    ],
+    ids=["none", "a name twice", "two passwords"],
+)
+def test_targets_the_exporter_would_refuse_fail_the_render(
+    targets: list[dict[str, Any]], message: str
+) -> None:
+    with pytest.raises(HelmError, match=message):
+        render_files({"config": {"targets": targets}})
+
+
+def test_the_whole_file_can_come_from_a_secret() -> None:
+    documents = render(VALUE_SETS["config-from-secret"])
+    container = exporter_container(documents)
+    assert "--config.file=/etc/pg-advisory-exporter/config/exporter.yaml" in container["args"]
+    (volume,) = (v for v in pod_spec(documents)["volumes"] if v["name"] == "config")
+    assert volume["secret"] == {
+        "secretName": "pg-advisory-exporter-config",
+        "defaultMode": 0o440,
+        "optional": False,
+    }
+
+
+def exporter_readable(documents: list[Document], folder: Path) -> Path:
+    """The rendered configuration file, its password files replaced by files in `folder`
+    after checking that each is where a Secret is mounted or a volume of the user's is."""
+    config = yaml.safe_load(config_text(documents))
+    mounted = mounted_files(documents)
+    user_mounts = [m["mountPath"] for m in exporter_container(documents)["volumeMounts"]]
+    for i, target in enumerate(config["targets"]):
+        if "password_file" in target:
+            path = target["password_file"]
+            assert path in mounted or any(path.startswith(f"{m}/") for m in user_mounts), path
+            local = folder / f"password-{i}"
+            local.write_text("not-a-real-password\n")
+            target["password_file"] = str(local)
+    config_path = folder / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    return config_path
+
+
+DEFAULT_TARGETS = yaml.safe_load((CHART / "values.yaml").read_text())["config"]["targets"]
+OWN_CONFIG = [n for n, v in VALUE_SETS.items() if not v.get("config", {}).get("existingSecret")]
+
+
+@pytest.mark.parametrize("name", OWN_CONFIG)
+def test_the_exporter_loads_the_rendered_configuration(name: str, tmp_path: Path) -> None:
+    values = VALUE_SETS[name]
+    config = load(
+        read_flags({"config_file": exporter_readable(render(values), tmp_path)}), Overrides()
+    )
+    given = values.get("config", {}).get("targets") or DEFAULT_TARGETS
+    assert [t.name for t in config.targets] == [t["name"] for t in given]
+    if name == "multi-target":
+        keys = {k.name: k for k in config.targets[1].keys}
+        assert keys["nightly_billing"].key == 7310001
+        assert keys["far_key"].key == -8817278947285098745
+        assert keys["tenant_7_export"].pair == (3001, 7)
+        assert config.targets[0].collection is not None
+        assert config.targets[0].collection.min_interval == 10
+
+
+def test_the_command_accepts_the_rendered_configuration(cli: Cli, tmp_path: Path) -> None:
+    path = exporter_readable(render(VALUE_SETS["multi-target"]), tmp_path)
+    result = cli("--config.file", str(path), "--config.check")
+    assert result.returncode == 0, result.stderr
+    assert "2 target(s): orders, billing" in result.stdout
+
+
+def _fields(model: Any) -> set[str]:
+    return set(model.model_fields)
+
+
+def _properties(schema: dict[str, Any], *path: str) -> set[str]:
+    node = schema
+    for step in path:
+        node = node[step]
+        if "$ref" in node:
+            node = schema["definitions"][node["$ref"].rsplit("/", 1)[1]]
+    return set(node["properties"])
+
+
+def test_the_values_schema_knows_every_setting_of_the_file() -> None:
+    """A setting added to the exporter's file must be added to values.schema.json, which
+    otherwise refuses it as a typo."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config = ("properties", "config")
+    chart_only = {"existingConfigMap", "existingSecret", "existingKey"}
+    assert _properties(schema, *config) - chart_only == _fields(FileConfig) - {"web"}
+    assert _properties(schema, *config, "properties", "log") == _fields(LogConfig)
+    assert _properties(schema, *config, "properties", "collection") == _fields(CollectionSettings)
+    rewrites = (*config, "properties", "collection", "properties", "application_name_rewrites")
+    assert _properties(schema, *rewrites, "items") == _fields(RewriteRuleConfig)
+    targets = (*config, "properties", "targets", "items")
+    assert _properties(schema, *targets) - {"passwordSecret"} == _fields(TargetConfig)
+    assert _properties(schema, *config, "properties", "keys", "items") == _fields(KeyConfig)
+
+
+# -- The dashboard --------------------------------------------------------------------------
+
+
+def test_the_dashboard_copy_is_the_shipped_file() -> None:
+    copy = CHART / "dashboards" / "pg-advisory-exporter.json"
+    shipped = ROOT / "grafana" / "pg-advisory-exporter.json"
+    assert copy.read_bytes() == shipped.read_bytes(), (
+        f"{copy} differs from {shipped}: run `make generate`"
+    )
+
+
+def test_the_dashboard_configmap_holds_the_shipped_file() -> None:
+    values = VALUE_SETS["everything"]
+    (dashboard,) = (
+        d
+        for d in render(values)
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
+    )
+    shipped = (ROOT / "grafana" / "pg-advisory-exporter.json").read_text()
+    assert dashboard["data"] == {"pg-advisory-exporter.json": shipped}
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "PostgreSQL"}
+    assert dashboard["metadata"]["namespace"] == "observability"
+
+
+def test_the_dashboard_label_is_configurable() -> None:
+    values = {"dashboard": {"enabled": True, "labels": {"grafana_dashboard": "pg"}}}
+    dashboard = next(d for d in render(values) if d["metadata"]["name"].endswith("-dashboard"))
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "pg"
+
+
+# -- The other optional parts ---------------------------------------------------------------
+
+
+def test_pod_disruption_budget_and_network_policy() -> None:
+    values = VALUE_SETS["everything"]
+    documents = render(values)
+    selector = only(documents, "Deployment")["spec"]["selector"]
+    budget = only(documents, "PodDisruptionBudget")
+    assert budget["spec"] == {"minAvailable": 1, "selector": selector}
+    default_budget = only(render({"podDisruptionBudget": {"enabled": True}}), "PodDisruptionBudget")
+    assert default_budget["spec"]["maxUnavailable"] == 1
+    policy = only(documents, "NetworkPolicy")
+    assert policy["spec"]["podSelector"] == selector
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": "http", "protocol": "TCP"}], "from": values["networkPolicy"]["from"]}
+    ]
+
+
+def test_pass_through_values_reach_the_pod() -> None:
+    values = VALUE_SETS["everything"]
+    documents = render(values)
+    pod = pod_spec(documents)
+    container = exporter_container(documents)
+    assert container["args"][-1] == "--web.enable-lifecycle"
+    assert container["resources"] == values["resources"]
+    assert pod["tolerations"] == values["tolerations"]
+    assert pod["nodeSelector"] == values["nodeSelector"]
+    assert pod["affinity"] == values["affinity"]
+    assert pod["topologySpreadConstraints"] == values["topologySpreadConstraints"]
+    assert pod["priorityClassName"] == "monitoring"
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert [c["name"] for c in pod["containers"]] == ["exporter", "vault-agent"]
+    template = only(documents, "Deployment")["spec"]["template"]["metadata"]
+    assert template["labels"]["team"] == "dba"
+    assert template["annotations"]["example.com/owner"] == "dba"
+    assert only(documents, "Deployment")["spec"]["replicas"] == 2
+
+
+def test_notes_name_the_job_and_the_release_label() -> None:
+    notes = render_files({"serviceMonitor": {"enabled": True}})[
+        "pg-advisory-exporter/templates/NOTES.txt"
+    ]
+    assert 'job="pg-advisory-exporter"' in notes
+    assert "serviceMonitor.labels.release=" in notes
+    assert "port-forward service/locks-pg-advisory-exporter 9846" in notes
+
+
+def _all_documents() -> Iterator[tuple[str, Document]]:
+    for name, values in VALUE_SETS.items():
+        for document in render(values):
+            yield name, document
+
+
+def test_every_object_carries_the_standard_labels() -> None:
+    for name, document in _all_documents():
+        labels = document["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "pg-advisory-exporter", (name, document)
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"].startswith("pg-advisory-exporter-")

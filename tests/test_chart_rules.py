@@ -1,0 +1,117 @@
+"""The chart's PrometheusRule: generated from the same code as `rules`, and equal to what the
+command prints for the same thresholds and labels, rendered by the real Helm engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helm_python.chart import Chart
+from helm_python.errors import HelmValuesError
+from support import Cli
+
+from pg_advisory_exporter.rules_chart import helm_template, thresholds_schema
+
+ROOT = Path(__file__).parent.parent
+CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"
+TEMPLATE = CHART / "templates" / "prometheusrule.yaml"
+
+# Thresholds as a user writes them in values (a list for group_labels) and as --set takes
+# them; each form the command accepts, so the chart's helpers meet every one.
+TUNED: dict[str, Any] = {
+    "leaked_lock_after": "1h30m",
+    "leaked_lock_for": 90,
+    "wait_after": "500ms",
+    "waiters": 3,
+    "lock_table_warning": 0.55,
+    "lock_table_critical": 0.9,
+    "backend_lock_budget": 2.5,
+    "deadlocks_window": "1d",
+    "deadlocks": 2,
+    "exporter_job": "locks",
+    "selector": 'cluster="eu-1"',
+    "group_labels": ["namespace", "region"],
+    "runbook_url": "https://wiki.example.com/runbook",
+}
+
+
+def _set_flags(thresholds: dict[str, Any]) -> list[str]:
+    flags: list[str] = []
+    for name, value in thresholds.items():
+        text = ",".join(value) if isinstance(value, list) else str(value)
+        flags += ["--set", f"{name}={text}"]
+    return flags
+
+
+def _chart_rule(values: dict[str, Any]) -> dict[str, Any]:
+    rendered = Chart.load(str(CHART)).render(values, name="locks", namespace="monitoring")
+    documents: list[dict[str, Any]] = [
+        doc
+        for path, text in rendered.items()
+        if path.endswith(".yaml")  # not NOTES.txt
+        for doc in yaml.safe_load_all(text)
+        if doc and doc.get("kind") == "PrometheusRule"
+    ]
+    assert len(documents) == 1, sorted(rendered)
+    return documents[0]
+
+
+def test_the_template_is_fresh() -> None:
+    assert TEMPLATE.read_text() == helm_template(), (
+        f"{TEMPLATE} is stale: run `make generate` and commit the result"
+    )
+
+
+def test_off_by_default() -> None:
+    rendered = Chart.load(str(CHART)).render({}, name="locks", namespace="monitoring")
+    assert "kind: PrometheusRule" not in "".join(rendered.values())
+
+
+@pytest.mark.parametrize("thresholds", [{}, TUNED], ids=["defaults", "tuned"])
+def test_the_chart_renders_what_the_command_prints(cli: Cli, thresholds: dict[str, Any]) -> None:
+    labels = {"release": "kube-prometheus-stack"}
+    rule = _chart_rule(
+        {
+            "prometheusRule": {
+                "enabled": True,
+                "additionalLabels": labels,
+                "thresholds": thresholds,
+            }
+        }
+    )
+    printed = cli(
+        "rules", "--format", "prometheusrule", "--label", "release=kube-prometheus-stack",
+        *_set_flags(thresholds), check=True,
+    ).stdout  # fmt: skip
+    expected = yaml.safe_load(printed)
+    assert rule["spec"] == expected["spec"]
+    assert labels.items() <= rule["metadata"]["labels"].items()
+    assert rule["metadata"]["namespace"] == "monitoring"
+
+
+def test_the_exporter_down_alert_follows_the_charts_job_name() -> None:
+    rule = _chart_rule({"prometheusJob": "db-locks", "prometheusRule": {"enabled": True}})
+    (down,) = (
+        r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "PgAdvisoryExporterDown"
+    )
+    assert down["expr"] == 'up{job="db-locks"} == 0'
+
+
+def test_the_thresholds_schema_is_fresh() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["prometheusRule"]["properties"]["thresholds"] == (
+        thresholds_schema()
+    ), "values.schema.json is stale: run `make generate` and commit the result"
+
+
+@pytest.mark.parametrize(
+    "thresholds",
+    [{"leaked_lock_aftr": "1h"}, {"leaked_lock_after": "soon"}, {"lock_table_critical": 2}],
+    ids=["misspelt", "not a duration", "out of range"],
+)
+def test_a_threshold_the_command_refuses_fails_the_render(thresholds: dict[str, Any]) -> None:
+    with pytest.raises(HelmValuesError, match="thresholds"):
+        _chart_rule({"prometheusRule": {"enabled": True, "thresholds": thresholds}})
