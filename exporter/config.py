@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from .appnames import RewriteRule, compile_pattern, parse_template
+from .catalog import CatalogChoice
 from .endpoints import RESERVED_PATHS
 from .registry import KeyConfig, check_configs
 from .schema import PARSE_DURATION, ConfigError, Strict, duration_within, format_duration, location
@@ -231,6 +232,9 @@ class TargetConfig(Strict):
     password_file: Path | None = None
     collection: CollectionSettings | None = None
     keys: tuple[KeyConfig, ...] = ()  # after load(): the file's global keys, then these
+    # The built-in catalog's entries to merge into the registry (catalog.py); not set: the
+    # file's top-level `catalog`, and after load() always set.
+    catalog: CatalogChoice | None = None
 
     @model_validator(mode="after")
     def _one_password_source(self) -> TargetConfig:
@@ -282,6 +286,10 @@ class FileConfig(Strict):
     log: LogConfig = LogConfig()
     collection: CollectionSettings = CollectionSettings()
     keys: tuple[KeyConfig, ...] = ()  # the key registry of every target
+    # Well-known keys (catalog.py) named for every target unless it says otherwise: true
+    # for the default entries, false for none, or the names of the entries to keep. Only
+    # the file sets it: a choice of names has no flag or variable form.
+    catalog: CatalogChoice = True
     max_parallel_collections: int = Field(default=DEFAULT_PARALLEL_COLLECTIONS, ge=1)
     targets: tuple[TargetConfig, ...] = Field(min_length=1)
 
@@ -527,6 +535,7 @@ def load(flags: Overrides, env: Overrides) -> Config:
                     update=_given(target.collection) if target.collection else {}
                 ),
                 "keys": file.keys + target.keys,
+                "catalog": file.catalog if target.catalog is None else target.catalog,
             }
         )
         for target in file.targets

@@ -11,16 +11,18 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import psycopg
 
+from . import catalog
 from .capacity import MIN_SERVER_VERSION
+from .catalog import CatalogEntry
 from .config import CollectionSettings, TargetConfig, redact
-from .registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Registry
+from .registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Note, Registry
 from .snapshot import SESSION_SQL
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,10 @@ log = logging.getLogger(__name__)
 APPLICATION_NAME = "pg-advisory-exporter"
 _FIRST_BACKOFF = 1.0
 _CANCEL_TIMEOUT = 1.0  # seconds a cancel request may take after a deadline
+# The databases whose names the catalog's per-database keys are computed from: the ones
+# the collection reports deadlocks for (templates are copied, not worked in), so that a
+# name it reports and this list lacks is a database created since.
+DATABASES_SQL = "SELECT datname FROM pg_catalog.pg_database WHERE NOT datistemplate"
 
 
 class CannotCollect(Exception):
@@ -40,6 +46,7 @@ class Session:
     role: str
     version: int
     registry: Registry
+    databases: frozenset[str]  # those the registry's per-database catalog keys cover
 
 
 def _hash_texts(
@@ -47,6 +54,27 @@ def _hash_texts(
 ) -> list[int]:
     rows = conn.execute(HASH_TEXTS_SQL, {"texts": list(texts), "seeds": list(seeds)}).fetchall()
     return [row[0] for row in rows]
+
+
+def resolve_registry(
+    conn: psycopg.Connection[Any],
+    keys: Sequence[KeyConfig],
+    entries: Sequence[CatalogEntry],
+    note: Note,
+) -> tuple[Registry, frozenset[str]]:
+    """The registry on this connection's server: the user's keys, then the catalog's entries
+    for every database it has (read from pg_database, never from pg_locks), and the
+    databases that covers. A key clash among the user's keys raises CannotCollect."""
+    databases: frozenset[str] = frozenset()
+    if catalog.needs_databases(entries):
+        databases = frozenset(row[0] for row in conn.execute(DATABASES_SQL).fetchall())
+    try:
+        registry = Registry.resolve(
+            keys, partial(_hash_texts, conn), catalog.key_configs(entries, databases), note
+        )
+    except ValueError as exc:
+        raise CannotCollect(f"key registry: {exc}") from None
+    return registry, databases
 
 
 def _connect(conninfo: str, settings: CollectionSettings) -> psycopg.Connection[Any]:
@@ -79,13 +107,18 @@ def open_session(
     settings: CollectionSettings,
     keys: Sequence[KeyConfig] = (),
     adopt: Callable[[psycopg.Connection[Any]], None] | None = None,
+    *,
+    entries: Sequence[CatalogEntry] = (),
+    note: Note = log.info,
 ) -> Session:
     """Connect the way every collection needs: autocommit, read-only, with timeouts.
 
     `adopt` receives the connection before its first statement, so that a deadline can
     interrupt it; the connection is closed here if anything after connecting fails.
     The key registry is resolved on every new connection: hashtextextended() keys come
-    from the server, whose major version may have changed since the last one.
+    from the server, whose major version may have changed since the last one, and the
+    catalog's `entries` are computed for the databases it has now. `note` hears of the
+    catalog entries left out because another entry names the same lock.
     """
     conn = _connect(conninfo, settings)
     try:
@@ -105,14 +138,11 @@ def open_session(
                 f"PostgreSQL {version // 10000} is not supported: pg-advisory-exporter "
                 "needs PostgreSQL 14 or newer (it reads pg_locks.waitstart)"
             )
-        try:
-            registry = Registry.resolve(keys, partial(_hash_texts, conn))
-        except ValueError as exc:
-            raise CannotCollect(f"key registry: {exc}") from None
+        registry, databases = resolve_registry(conn, keys, entries, note)
     except BaseException:
         conn.close()
         raise
-    return Session(conn, role, version, registry)
+    return Session(conn, role, version, registry, databases)
 
 
 def interrupt(conn: psycopg.Connection[Any]) -> None:
@@ -155,6 +185,10 @@ class ServerConnection:
         self._conninfo = config.dsn
         self.role = ""
         self.registry = NO_KEYS
+        self._entries = catalog.selected(config.catalog)
+        self._databases: frozenset[str] = frozenset()  # the registry's catalog keys cover
+        self._new_database = False  # a collection saw one: resolve again before the next
+        self._noted: set[str] = set()  # catalog entries left out, each logged once
 
     def backing_off(self, now: float) -> bool:
         """True while a failed connection waits out its backoff."""
@@ -181,14 +215,24 @@ class ServerConnection:
         with self._state:
             if self._closed:
                 raise CannotCollect("the target was removed from the configuration")
-            if self._conn is not None:
-                return self._conn
+            conn = self._conn
+        if conn is not None:
+            if self._new_database:
+                self._resolve_again(conn)
+            return conn
         try:
             try:
                 self._conninfo = self._config.conninfo()
             except ValueError as exc:  # the password file cannot be read now
                 raise CannotCollect(str(exc)) from None
-            session = open_session(self._conninfo, self._settings, self._config.keys, self._adopt)
+            session = open_session(
+                self._conninfo,
+                self._settings,
+                self._config.keys,
+                self._adopt,
+                entries=self._entries,
+                note=self._note,
+            )
         except BaseException:
             self.drop()  # adopted, then closed by open_session
             self._backoff = min(
@@ -203,7 +247,33 @@ class ServerConnection:
         log.info("connected", extra={"target": self.name, "server_version_num": session.version})
         self.role = session.role
         self.registry = session.registry
+        self._databases = session.databases
+        self._new_database = False
         return session.conn
+
+    def saw_databases(self, databases: Iterable[str]) -> None:
+        """Called with the databases a collection saw (its snapshot's deadlocks name every
+        one but the templates): one the registry's catalog keys do not cover yet is
+        resolved before the next collection, on the same connection, from pg_database."""
+        if catalog.needs_databases(self._entries) and not self._databases.issuperset(databases):
+            self._new_database = True
+
+    def _resolve_again(self, conn: psycopg.Connection[Any]) -> None:
+        registry, databases = resolve_registry(conn, self._config.keys, self._entries, self._note)
+        log.debug(
+            "key registry resolved for new databases",
+            extra={
+                "target": self.name,
+                "databases": ", ".join(sorted(databases - self._databases)),
+            },
+        )
+        self.registry, self._databases, self._new_database = registry, databases, False
+
+    def _note(self, message: str) -> None:
+        """Once per target, not at every connection: the same configuration says the same."""
+        if message not in self._noted:
+            self._noted.add(message)
+            log.info(message, extra={"target": self.name})
 
     def drop(self) -> None:
         """Close the connection, if any; the next get() opens a new one."""

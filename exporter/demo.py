@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from pydantic import ValidationError
 
-from . import logs
+from . import catalog, logs
 from .config import (
     CollectionSettings,
     Config,
@@ -80,6 +80,11 @@ REBALANCE_LOCK_SQL = "SELECT pg_advisory_xact_lock(2001, 81234)"
 REBALANCE_PAUSE = 1.5
 
 LEADER_LOCK_SQL = "SELECT pg_advisory_lock(42)"
+# ActiveRecord's migration lock on database billing, as Rails takes it (2053462845 times the
+# CRC-32 of the database's name): no registry entry names it, the built-in catalog does.
+RAILS_MIGRATION_LOCK_SQL = (
+    f"SELECT pg_try_advisory_lock({catalog.BY_NAME['rails_migration'].key_for(BILLING_DB)})"
+)
 BILLING_CRON_LOCK_SQL = "SELECT pg_advisory_lock(-6110350855857795459)"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -218,6 +223,8 @@ PLAYS = (
     _holder("leader-elector", "session lock 42 in database billing", LEADER_LOCK_SQL, BILLING_DB),
     _holder("billing-cron", "session lock -6110350855857795459 in database billing",
             BILLING_CRON_LOCK_SQL, BILLING_DB),
+    _holder("rails-migrate", "Rails' migration lock on billing: a deploy stuck mid-migration",
+            RAILS_MIGRATION_LOCK_SQL, BILLING_DB),
 )  # fmt: skip
 
 
@@ -236,7 +243,7 @@ KEYS = (
 
 def demo_config(web: WebConfig, dsn: str) -> Config:
     collection = CollectionSettings(min_interval=2, application_name_rewrites=(POD_SUFFIX,))
-    target = TargetConfig(name="demo", dsn=dsn, collection=collection, keys=KEYS)
+    target = TargetConfig(name="demo", dsn=dsn, collection=collection, keys=KEYS, catalog=True)
     return Config(web=web, log=LogConfig(), targets=(target,))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
@@ -80,6 +80,7 @@ class RegisteredKey:
     objsubid: int
     classid: int  # unsigned, as the oid column holds it
     objid: int | None  # None for a namespace: every pair whose first int is classid
+    catalog: bool = False  # from the built-in catalog (catalog.py), not the user's registry
 
     @property
     def name(self) -> str:
@@ -147,6 +148,58 @@ def check_configs(configs: Sequence[KeyConfig]) -> None:
 
 
 HashTexts = Callable[[Sequence[str], Sequence[int]], Sequence[int]]
+Note = Callable[[str], None]
+_Columns = tuple[int, int, int | None]  # a lock's objsubid, classid and objid
+
+
+def _ignore(_message: str) -> None:
+    pass
+
+
+def _where(config: KeyConfig) -> str:
+    return f" in database {config.databases[0]!r}" if config.databases else ""
+
+
+def with_catalog(
+    keys: tuple[RegisteredKey, ...], catalog: Sequence[KeyConfig], note: Note = _ignore
+) -> tuple[RegisteredKey, ...]:
+    """The user's keys, then the catalog's entries for locks that none of them names.
+
+    The collection matches a lock to one entry whatever its database, so no two entries
+    may name the same lock: the user's entry wins over the catalog's, and of two catalog
+    entries the first is kept (the same entry computed for two databases becomes one
+    entry for both). `note` hears of each entry left out. Catalog keys are all bigint keys
+    known here, so a lookup by pg_locks' columns finds every clash, for thousands of
+    databases as cheaply as for one.
+    """
+    mine: dict[_Columns, RegisteredKey] = {
+        (k.objsubid, k.classid, k.objid): k for k in keys if k.objid is not None
+    }
+    kept: dict[_Columns, RegisteredKey] = {}
+    for config in catalog:
+        assert config.key is not None, "catalog entries have bigint keys"
+        key = replace(_bigint(config, config.key), catalog=True)
+        column_values = (key.objsubid, key.classid, key.objid)
+        owner = mine.get(column_values)
+        first = kept.get(column_values)
+        if owner is not None:
+            note(
+                f"key {owner.name!r} ({owner.config.describe()}) of the registry names the "
+                f"lock of the catalog's {config.name!r}{_where(config)}: it keeps its name"
+            )
+        elif first is None:
+            kept[column_values] = key
+        elif first.name == config.name:
+            databases = first.config.databases + config.databases
+            merged = first.config.model_copy(update={"databases": databases})
+            kept[column_values] = replace(first, config=merged)
+        else:
+            note(
+                f"the catalog's {first.name!r}{_where(first.config)} and {config.name!r}"
+                f"{_where(config)} name the same lock ({config.describe()}): "
+                f"it is named {first.name!r}"
+            )
+    return keys + tuple(kept.values())
 
 
 @dataclass(frozen=True)
@@ -156,8 +209,17 @@ class Registry:
     keys: tuple[RegisteredKey, ...] = ()
 
     @classmethod
-    def resolve(cls, configs: Sequence[KeyConfig], hash_texts: HashTexts) -> Registry:
-        """Resolve every entry; `hash_texts` asks the server for hashtextextended values."""
+    def resolve(
+        cls,
+        configs: Sequence[KeyConfig],
+        hash_texts: HashTexts,
+        catalog: Sequence[KeyConfig] = (),
+        note: Note = _ignore,
+    ) -> Registry:
+        """Resolve every entry; `hash_texts` asks the server for hashtextextended values.
+
+        `catalog` (from catalog.key_configs) follows the user's entries: see with_catalog.
+        """
         server_side = [c for c in configs if c.hash == "hashtextextended"]
         hashed: Mapping[str, int] = {}
         if server_side:
@@ -165,28 +227,35 @@ class Registry:
             hashed = {c.name: value for c, value in zip(server_side, values, strict=True)}
         keys = tuple(_locally_resolved(c) or _bigint(c, hashed[c.name]) for c in configs)
         _check_overlaps(keys)
-        return cls(keys)
+        return cls(with_catalog(keys, catalog, note) if catalog else keys)
 
     def sql_parameters(self) -> dict[str, list[Any]]:
-        """The registry as arrays for the collection statement; a key's index is its position."""
-        exact = [(i, k) for i, k in enumerate(self.keys) if k.objid is not None]
-        spaces = [(i, k) for i, k in enumerate(self.keys) if k.objid is None]
+        """The registry as the arrays the collection statement matches locks against.
+
+        A key's index is its position in the registry. Bigint keys and int pairs are given
+        packed as `(classid::bigint << 32) | objid::bigint`, which is how the statement packs
+        a lock's columns (signed: a key with the high bit set is negative); namespaces by
+        their classid. `objid` holds every exact key's objid, which the statement screens
+        lock rows by before it compares whole keys.
+        """
+        bigint: list[tuple[int, int]] = []
+        pairs: list[tuple[int, int]] = []
+        spaces: list[tuple[int, int]] = []
+        for i, k in enumerate(self.keys):
+            if k.objid is None:
+                spaces.append((i, k.classid))
+            else:
+                packed = (k.classid << 32 | k.objid) - ((k.classid >> 31) << 64)
+                (bigint if k.objsubid == BIGINT_KEY else pairs).append((i, packed))
         return {
-            "exact_index": [i for i, _ in exact],
-            "exact_objsubid": [k.objsubid for _, k in exact],
-            "exact_classid": [k.classid for _, k in exact],
-            "exact_objid": [k.objid for _, k in exact],
+            "bigint_index": [i for i, _ in bigint],
+            "bigint_key": [v for _, v in bigint],
+            "pair_index": [i for i, _ in pairs],
+            "pair_key": [v for _, v in pairs],
             "namespace_index": [i for i, _ in spaces],
-            "namespace_classid": [k.classid for _, k in spaces],
+            "namespace_classid": [v for _, v in spaces],
+            "objid": sorted({k.objid for k in self.keys if k.objid is not None}),
         }
-
-    @property
-    def has_exact(self) -> bool:
-        return any(k.objid is not None for k in self.keys)
-
-    @property
-    def has_namespaces(self) -> bool:
-        return any(k.objid is None for k in self.keys)
 
 
 NO_KEYS = Registry()

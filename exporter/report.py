@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 import psycopg
 
+from . import catalog
 from .capacity import lock_table_capacity
 from .config import Config, TargetConfig, redact
 from .connection import CannotCollect, interrupt, open_session
@@ -145,12 +146,13 @@ def _waiters(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
 
 
 def _registered_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
-    if not registry.keys:
+    own = [key for key in registry.keys if not key.catalog]
+    if not own:
         return
     groups = key_groups(snapshot, registry)
-    out.write(f"\n  Registered keys ({len(registry.keys)})\n")
+    out.write(f"\n  Registered keys ({len(own)})\n")
     rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
-    for key in registry.keys:
+    for key in own:
         limit = format_seconds(key.config.max_hold) if key.config.max_hold else "-"
         found = [(datname, group) for (datname, name), group in groups.items() if name == key.name]
         for datname, group in found:
@@ -161,6 +163,35 @@ def _registered_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) 
         if not found:
             rows.append((key.name, "-", "0", "0", "-", limit))
     _table(rows, out)
+
+
+def _well_known_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
+    """The catalog's keys that someone holds or awaits (they are many, and mostly idle)."""
+    names = {key.name for key in registry.keys if key.catalog}
+    if not names:
+        return
+    in_use = [
+        (datname, name, group)
+        for (datname, name), group in key_groups(snapshot, registry).items()
+        if name in names and (group.holders or group.waiters)
+    ]
+    out.write(f"\n  Well-known keys in use ({len(in_use)})\n")
+    if in_use:
+        _table(
+            [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIBRARY")]
+            + [
+                (
+                    name,
+                    datname,
+                    str(group.holders),
+                    str(group.waiters),
+                    format_seconds(group.hold_max) if group.holders else "-",
+                    catalog.BY_NAME[name].library,
+                )
+                for datname, name, group in in_use
+            ],
+            out,
+        )
 
 
 def _top_applications(snapshot: ServerSnapshot, out: TextIO) -> None:
@@ -190,6 +221,7 @@ def print_report(
     _idle_holders(snapshot, registry, out)
     _waiters(snapshot, registry, out)
     _registered_keys(snapshot, registry, out)
+    _well_known_keys(snapshot, registry, out)
     _top_applications(snapshot, out)
     out.write("\n")
 
@@ -209,7 +241,10 @@ def check_target(target: TargetConfig, out: TextIO, watchdog: Watchdog) -> bool:
     alarm = watchdog.arm(deadline, expire)
     try:
         conninfo = target.conninfo()
-        session = open_session(conninfo, target.collection, target.keys, opened.append)
+        entries = catalog.selected(target.catalog)
+        session = open_session(
+            conninfo, target.collection, target.keys, opened.append, entries=entries
+        )
         try:
             snapshot = read_snapshot(session.conn, session.registry, with_keys=True)
         finally:

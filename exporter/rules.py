@@ -11,6 +11,7 @@ from typing import Annotated, Any, Protocol
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
+from .catalog import MIGRATION_KEYS
 from .config import describe_error
 from .schema import ConfigError, Duration, Strict, location
 
@@ -57,6 +58,13 @@ class Thresholds(Strict):
     exporter_down_for: Duration = Field(300, description="the exporter unscrapable this long")
     key_not_held_for: Duration = Field(120, description="an expect_held key without holder")
     key_held_too_long_for: Duration = Field(60, description="a key over its max_hold")
+    migration_lock_held_after: Duration = Field(
+        900, description="a migration tool's lock held in one state this long pages"
+    )
+    migration_lock_waited_after: Duration = Field(
+        300, description="the same, this long when a session waits for the lock"
+    )
+    migration_lock_for: Duration = Field(60, description="how long it must last")
     exporter_job: str = Field(
         "pg-advisory-exporter", description="the Prometheus job that scrapes the exporter"
     )
@@ -209,6 +217,11 @@ class _Rules:
         where = "in database {{ $labels.datname }} on {{ $labels.target }}"
         app = "{{ $labels.application_name }}"
         value, age = "{{ $value }}", "{{ $value | humanizeDuration }}"
+        migration_keys = f'key=~"{"|".join(MIGRATION_KEYS)}"'
+        migration_held = (
+            f"max by {t.by(*_SERVER, 'datname', 'key')} "
+            f"({t.sel('pg_advisory_key_hold_seconds', migration_keys)})"
+        )
         lock_table = [
             t.alert(
                 "PgLockTableNearlyFull",
@@ -307,6 +320,24 @@ class _Rules:
                 description="Prometheus has failed to scrape pg-advisory-exporter at "
                 f"{{{{ $labels.instance }}}} for {v.duration('exporter_down_for')}: no advisory "
                 "lock alert can fire for its targets until it is back.",
+            ),
+            t.alert(
+                "PgAdvisoryMigrationLockStuck",
+                f"{migration_held} > {v.seconds('migration_lock_held_after')}"
+                f" or ({migration_held} > {v.seconds('migration_lock_waited_after')}"
+                f" and on {t.by(*_SERVER, 'datname', 'key')} "
+                f"max by {t.by(*_SERVER, 'datname', 'key')} "
+                f"({t.sel('pg_advisory_key_waiters', migration_keys)}) > 0)",
+                for_="migration_lock_for",
+                severity="critical",
+                summary="The {{ $labels.key }} migration lock is stuck in "
+                "{{ $labels.datname }} on {{ $labels.target }}",
+                description="The well-known lock {{ $labels.key }} (a migration tool's, see "
+                f"the README's Well-known keys) {where} has been held in one state for {age}, "
+                f"past {v.duration('migration_lock_held_after')}, or past "
+                f"{v.duration('migration_lock_waited_after')} with a session waiting for it: "
+                "a migration that hangs, or that crashed with its session still open, blocks "
+                "every deploy after it.",
             ),
             t.alert(
                 "PgAdvisoryKeyNotHeld",

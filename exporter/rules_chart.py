@@ -1,4 +1,5 @@
-"""The Helm chart's PrometheusRule template and its thresholds' schema, from the rules.
+"""The Helm chart's PrometheusRule template, and the parts of its values schema that other
+code defines (the thresholds, the catalog's names).
 
 `python -m pg_advisory_exporter.rules_chart CHART` (run by `make generate`) writes
 templates/prometheusrule.yaml and the thresholds part of values.schema.json, so that the
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from .catalog import MIGRATION_KEYS
 from .rules import Thresholds, format_number, groups_of
 from .schema import PARSE_DURATION
 
@@ -140,12 +142,26 @@ def thresholds_schema() -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
+def catalog_schema() -> dict[str, Any]:
+    """The JSON schema of a `catalog` setting in the chart's config, from the catalog."""
+    return {
+        "description": "well-known keys named out of the box: true (the default entries), "
+        "false (none), or the names of the entries to keep",
+        "oneOf": [
+            {"type": "boolean"},
+            {"type": "array", "uniqueItems": True, "items": {"enum": list(MIGRATION_KEYS)}},
+        ],
+    }
+
+
 def write(chart: Path) -> None:
     (chart / "templates" / "prometheusrule.yaml").write_text(helm_template())
     schema_path = chart / "values.schema.json"
     schema = json.loads(schema_path.read_text())
     rule = schema["properties"]["prometheusRule"]["properties"]
     rule["thresholds"] = thresholds_schema()
+    config = schema["properties"]["config"]["properties"]
+    config["catalog"] = config["targets"]["items"]["properties"]["catalog"] = catalog_schema()
     schema_path.write_text(json.dumps(schema, indent=2) + "\n")
 
 

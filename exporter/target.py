@@ -223,7 +223,9 @@ class Target:
 
     def _snapshot(self) -> ServerSnapshot:
         conn = self._server.get()
-        return read_snapshot(conn, self._server.registry)
+        snapshot = read_snapshot(conn, self._server.registry)
+        self._server.saw_databases(snapshot.deadlocks)  # a new one: catalog keys next time
+        return snapshot
 
     def _connection_lost(self) -> bool:
         with self._state:

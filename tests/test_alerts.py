@@ -29,6 +29,7 @@ CONTRACT_ALERTS = {
     "PgAdvisoryExporterDown",
     "PgAdvisoryKeyNotHeld",
     "PgAdvisoryKeyHeldTooLong",
+    "PgAdvisoryMigrationLockStuck",
 }
 
 

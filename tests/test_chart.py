@@ -801,3 +801,13 @@ def test_every_object_carries_the_standard_labels() -> None:
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["helm.sh/chart"].startswith("pg-advisory-exporter-")
+
+
+@pytest.mark.parametrize("catalog", [False, ["rails_migration", "airflow_migration"]])
+def test_the_catalog_setting_reaches_the_exporter(catalog: bool | list[str]) -> None:
+    """`catalog: false` is a value, not an empty one the chart may drop."""
+    target = {"name": "orders", "dsn": "postgresql://monitor@orders-db/postgres"}
+    values = {"config": {"catalog": catalog, "targets": [{**target, "catalog": catalog}]}}
+    config = yaml.safe_load(config_text(render(values)))
+    assert config["catalog"] == catalog
+    assert config["targets"][0]["catalog"] == catalog

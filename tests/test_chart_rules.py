@@ -13,7 +13,7 @@ from helm_python.chart import Chart
 from helm_python.errors import HelmValuesError
 from support import Cli
 
-from pg_advisory_exporter.rules_chart import helm_template, thresholds_schema
+from pg_advisory_exporter.rules_chart import catalog_schema, helm_template, thresholds_schema
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"
@@ -105,6 +105,9 @@ def test_the_thresholds_schema_is_fresh() -> None:
     assert schema["properties"]["prometheusRule"]["properties"]["thresholds"] == (
         thresholds_schema()
     ), "values.schema.json is stale: run `make generate` and commit the result"
+    config = schema["properties"]["config"]["properties"]
+    for catalog in (config["catalog"], config["targets"]["items"]["properties"]["catalog"]):
+        assert catalog == catalog_schema(), "values.schema.json is stale: run `make generate`"
 
 
 @pytest.mark.parametrize(

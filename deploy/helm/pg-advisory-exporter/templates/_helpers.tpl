@@ -108,6 +108,10 @@ left out, each target's passwordSecret turned into the password_file it is mount
 {{- $_ := set $file $key $value }}
 {{- end }}
 {{- end }}
+{{- /* catalog: false is a value to keep, not an empty one to skip. */}}
+{{- if hasKey $config "catalog" }}
+{{- $_ := set $file "catalog" $config.catalog }}
+{{- end }}
 {{- if not $config.targets }}
 {{- fail "config.targets is empty: list the servers to watch, or give the whole file in config.existingSecret or config.existingConfigMap" }}
 {{- end }}

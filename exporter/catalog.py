@@ -1,0 +1,372 @@
+"""The built-in catalog of well-known advisory keys: the migration locks of common libraries.
+
+Each entry names the key one library computes, so that `pg_advisory_key_holders` says
+`key="rails_migration"` where it would otherwise show a bare number. Every key below was
+read in the library's own source (the repository, file, function and commit are in the
+comment above each entry) and is pinned by tests/test_catalog.py; none of that code is
+copied here. A key that depends on the database name is computed for each database the
+target's server has, and counts only in that database.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BeforeValidator
+
+from .registry import KeyConfig
+
+_UINT32 = 0xFFFFFFFF
+
+
+def crc32(text: str) -> int:
+    """The IEEE CRC-32 of the UTF-8 text: Ruby's Zlib.crc32, Go's crc32.ChecksumIEEE, and
+    Rust's crc::CRC_32_ISO_HDLC give this same value."""
+    return zlib.crc32(text.encode())
+
+
+def golang_migrate_key(name: str, *additional: str) -> int:
+    """golang-migrate's GenerateAdvisoryLockId: CRC-32 of the names joined with NUL (the
+    additional names first), times the salt 1486364155, in uint32 arithmetic."""
+    joined = "\x00".join([*additional, name])
+    return (crc32(joined) * 1486364155) & _UINT32
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode() (31 * h + char over UTF-16 units), a signed 32-bit int."""
+    data = text.encode("utf-16-be")
+    value = 0
+    for i in range(0, len(data), 2):
+        value = (31 * value + int.from_bytes(data[i : i + 2], "big")) & _UINT32
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def fnv1_32(text: str) -> int:
+    """32-bit FNV-1 (multiply, then xor: Go's hash/fnv New32, not New32a)."""
+    value = 0x811C9DC5
+    for byte in text.encode():
+        value = ((value * 0x01000193) & _UINT32) ^ byte
+    return value
+
+
+# Flyway: "Flyway" in ASCII, one byte per position from bit 40 down.
+_FLYWAY_BASE = (0x46 << 40) + (0x6C << 32) + (0x79 << 24) + (0x77 << 16) + (0x61 << 8) + 0x79
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One library's lock: a fixed key, or one computed from the database's name."""
+
+    name: str  # the `key` label value; a contract: alerts and dashboards match on it
+    library: str
+    versions: str
+    key_text: str  # the key, or how it is computed, as the README shows it
+    level: str  # how the library takes the lock
+    key: int | None = None  # the same in every database
+    per_database: Callable[[str], int] | None = None  # database name -> key
+    default: bool = True  # on unless the configuration lists the entries to keep
+
+    def key_for(self, database: str) -> int:
+        """The key this library locks when it migrates `database`."""
+        if self.per_database is not None:
+            return self.per_database(database)
+        assert self.key is not None
+        return self.key
+
+    def describe(self) -> dict[str, str]:
+        """The entry as the README's table shows it."""
+        return {
+            "name": self.name,
+            "library": self.library,
+            "versions": self.versions,
+            "key": self.key_text,
+            "per_database": "yes" if self.per_database is not None else "no",
+            "level": self.level,
+            "default": "on" if self.default else "opt-in",
+        }
+
+
+ENTRIES: tuple[CatalogEntry, ...] = (
+    # Rails / ActiveRecord, >= 5.0 (read at tags v5.0.0, v6.1.7 and rails/rails 2a2db1e8d6d,
+    # v8.1 development): activerecord/lib/active_record/migration.rb, Migrator
+    # #generate_migrator_advisory_lock_id: MIGRATOR_SALT (2053462845) * Zlib.crc32 of
+    # current_database; #with_advisory_lock takes it with get_advisory_lock, which
+    # connection_adapters/postgresql_adapter.rb runs as SELECT pg_try_advisory_lock(id).
+    # From 6.1 to 7.x the lock has a connection of its own (with_advisory_lock_connection),
+    # idle while the migrations run on another. Off with `advisory_locks: false`.
+    CatalogEntry(
+        name="rails_migration",
+        library="Rails (ActiveRecord) migrations",
+        versions=">= 5.0",
+        key_text="2053462845 * crc32(database)",
+        level="session (pg_try_advisory_lock)",
+        per_database=lambda database: 2053462845 * crc32(database),
+    ),
+    # SQLx, >= 0.4 (read at launchbadge/sqlx 9d6bf662, v0.8.6+; added in 61e4a4f5, first
+    # released in v0.4.0): sqlx-postgres/src/migrate.rs, generate_lock_id: 0x3d32ad9e *
+    # CRC_32_ISO_HDLC of current_database() as i64; Migrate::lock for PgConnection runs
+    # SELECT pg_advisory_lock($1), which waits.
+    CatalogEntry(
+        name="sqlx_migration",
+        library="SQLx migrations (Rust)",
+        versions=">= 0.4",
+        key_text="1026731422 * crc32(database)",
+        level="session (pg_advisory_lock)",
+        per_database=lambda database: 0x3D32AD9E * crc32(database),
+    ),
+    # golang-migrate, >= 4.15.0 (read at golang-migrate/migrate 18966c75, v4.19.1+; the
+    # schema and table joined the key in d0af5824, first in v4.15.0):
+    # database/util.go, GenerateAdvisoryLockId (salt 1486364155, names joined with NUL,
+    # additional names first); database/postgres/postgres.go, Postgres.Lock passes
+    # (DatabaseName, migrationsSchemaName, migrationsTableName) and runs
+    # SELECT pg_advisory_lock($1). Opened from a URL (the CLI, migrate.New), DatabaseName
+    # is the URL's path with its slash ("/orders"); schema and table are the defaults here
+    # (CURRENT_SCHEMA() = public, schema_migrations). Versions 4.7-4.14 keyed schema and
+    # path only, <= 4.0 the name alone (see grafana_migration).
+    CatalogEntry(
+        name="golang_migrate",
+        library="golang-migrate (CLI, or opened from a URL)",
+        versions=">= 4.15",
+        key_text='crc32("public\\0schema_migrations\\0/" + database) * 1486364155 mod 2^32',
+        level="session (pg_advisory_lock)",
+        per_database=lambda database: golang_migrate_key(
+            "/" + database, "public", "schema_migrations"
+        ),
+    ),
+    # golang-migrate opened with WithInstance or WithConnection: the same as above, with
+    # DatabaseName from SELECT CURRENT_DATABASE() (postgres.go, WithConnection), no slash.
+    CatalogEntry(
+        name="golang_migrate_instance",
+        library="golang-migrate (WithInstance, as a library)",
+        versions=">= 4.15",
+        key_text='crc32("public\\0schema_migrations\\0" + database) * 1486364155 mod 2^32',
+        level="session (pg_advisory_lock)",
+        per_database=lambda database: golang_migrate_key(database, "public", "schema_migrations"),
+    ),
+    # Grafana's own migrator (read at grafana/grafana 016e76c8, advisory_lock_id.go at
+    # ee69e699): pkg/services/sqlstore/migrator/migrator.go, Migrator.RunMigrations keys
+    # the lock with GenerateAdvisoryLockID(dbName) (advisory_lock_id.go, golang-migrate's
+    # function: no additional names) of the DSN's database (postgres_dialect.go,
+    # GetDBName), and PostgresDialect.Lock runs SELECT pg_try_advisory_lock(?), inside a
+    # transaction, session-level all the same. With [database] migration_locking, the
+    # default. golang-migrate <= 4.0 computed the same key.
+    CatalogEntry(
+        name="grafana_migration",
+        library="Grafana's database migrations (also golang-migrate <= 4.0)",
+        versions="Grafana with migration_locking (the default)",
+        key_text="crc32(database) * 1486364155 mod 2^32",
+        level="session (pg_try_advisory_lock)",
+        per_database=golang_migrate_key,
+    ),
+    # Prisma Migrate (read at prisma/prisma-engines 04251199): schema-engine/connectors/
+    # sql-schema-connector/src/flavour/postgres.rs, PostgresFlavour::acquire_lock runs
+    # SELECT pg_advisory_lock(72707369) under a 10 s timeout (ADVISORY_LOCK_TIMEOUT).
+    # Older engines were not checked.
+    CatalogEntry(
+        name="prisma_migrate",
+        library="Prisma Migrate (migrate dev, migrate deploy)",
+        versions="current engines (older not checked)",
+        key_text="72707369",
+        level="session (pg_advisory_lock, 10 s timeout)",
+        key=72707369,
+    ),
+    # Sqitch, >= 1.2.0 (read at sqitchers/sqitch 0ab857e3, v1.6.1+): lib/App/Sqitch/
+    # Engine/pg.pm, try_lock runs SELECT pg_try_advisory_lock(75474063), and wait_lock
+    # SELECT pg_advisory_lock(75474063) until lock_timeout (60 s, Engine.pm).
+    CatalogEntry(
+        name="sqitch",
+        library="Sqitch (deploy, revert, rework)",
+        versions=">= 1.2",
+        key_text="75474063",
+        level="session (pg_try_advisory_lock, then pg_advisory_lock for up to 60 s)",
+        key=75474063,
+    ),
+    # goose, >= 3.26.0 (read at pressly/goose 520411a1, v3.27.3; changed in 57d20f1, first in
+    # v3.26.0): lock/session_locker_options.go, DefaultLockID = 4097083626, the IEEE CRC-32
+    # of "goose" (its comment still says crc64); lock/postgres.go, postgresSessionLocker
+    # .SessionLock runs SELECT pg_try_advisory_lock($1) until it succeeds. Only when the
+    # session locker is configured (goose.WithSessionLocker).
+    CatalogEntry(
+        name="goose",
+        library="goose, with its session locker",
+        versions=">= 3.26",
+        key_text='4097083626 (crc32 of "goose")',
+        level="session (pg_try_advisory_lock, retried)",
+        key=4097083626,
+    ),
+    # goose 3.15.1 to 3.25.x (read at tag v3.25.0): the same file's DefaultLockID was
+    # 5887940537704921958, Go's crc64.ECMA of "goose".
+    CatalogEntry(
+        name="goose_legacy",
+        library="goose, with its session locker",
+        versions="3.15.1 - 3.25",
+        key_text='5887940537704921958 (crc64 ECMA of "goose")',
+        level="session (pg_try_advisory_lock, retried)",
+        key=5887940537704921958,
+    ),
+    # Flyway (read at flyway/flyway c5e20fc7, flyway-13.0.0): flyway-database/
+    # flyway-database-postgresql/.../PostgreSQLAdvisoryLockTemplate.java: LOCK_MAGIC_NUM
+    # ("Flyway" in ASCII, 77431708279161) + a discriminator that PostgreSQLConnection.lock
+    # sets to table.toString().hashCode(): Java's hash of "public"."flyway_schema_history"
+    # (quoted), the default schema and table. tryLockTransactional runs
+    # SELECT pg_try_advisory_xact_lock(n), retried, when postgresql.transactional.lock is on
+    # (the default since 9.1.2), tryLock SELECT pg_try_advisory_lock(n) otherwise.
+    CatalogEntry(
+        name="flyway",
+        library='Flyway ("public"."flyway_schema_history")',
+        versions=">= 5.0 (the table's default name)",
+        key_text='77431708279161 + Java hashCode of "public"."flyway_schema_history"'
+        " = 77433833903597",
+        level="transaction (pg_try_advisory_xact_lock, retried); session with "
+        "postgresql.transactional.lock=false",
+        key=_FLYWAY_BASE + java_string_hash('"public"."flyway_schema_history"'),
+    ),
+    # node-pg-migrate, >= 3.0 (read at salsita/node-pg-migrate 55b10c22, v10.0.0-alpha.2, and
+    # tags v3.0.0, v7.0.0): src/runner.ts, PG_MIGRATE_LOCK_ID = 7241865325823964; lock()
+    # runs SELECT pg_try_advisory_lock(id), or pg_advisory_lock(id) in the "wait" lock mode
+    # (>= 9.0). On unless --no-lock.
+    CatalogEntry(
+        name="node_pg_migrate",
+        library="node-pg-migrate",
+        versions=">= 3.0",
+        key_text="7241865325823964",
+        level="session (pg_try_advisory_lock; pg_advisory_lock in wait mode)",
+        key=7241865325823964,
+    ),
+    # Kysely's Migrator (read at kysely-org/kysely 478ec67b, v0.29.5+, and every tag from
+    # 0.7.8): src/dialect/postgres/postgres-adapter.ts, LOCK_ID = 3853314791062309107;
+    # PostgresAdapter.acquireMigrationLock runs pg_advisory_xact_lock(LOCK_ID) in the
+    # migration's transaction up to 0.29.2, and a session pg_advisory_lock(LOCK_ID) (with a
+    # one-hour lock_timeout) from 0.29.3.
+    CatalogEntry(
+        name="kysely_migration",
+        library="Kysely's Migrator",
+        versions=">= 0.7.8",
+        key_text="3853314791062309107",
+        level="session (pg_advisory_lock) since 0.29.3; transaction (pg_advisory_xact_lock) before",
+        key=3853314791062309107,
+    ),
+    # Graphile Migrate, >= 0.1.0 (read at graphile/migrate 54ea390, v2.0.0-rc.3):
+    # src/pgReal.ts, withAdvisoryLock runs select pg_try_advisory_lock($1) with
+    # ADVISORY_LOCK_MIGRATE = 4727445306447283 ("GRAPHILE MIGRATE" on a phone keypad).
+    CatalogEntry(
+        name="graphile_migrate",
+        library="Graphile Migrate",
+        versions=">= 0.1",
+        key_text="4727445306447283",
+        level="session (pg_try_advisory_lock)",
+        key=4727445306447283,
+    ),
+    # tern, >= 1.0 (read at jackc/tern e73daa1, v2.4.2): migrate/migrate.go, lockNum =
+    # 9628173550095224; acquireAdvisoryLock runs select pg_advisory_lock($1).
+    CatalogEntry(
+        name="tern",
+        library="tern (Go)",
+        versions=">= 1.0",
+        key_text="9628173550095224",
+        level="session (pg_advisory_lock)",
+        key=9628173550095224,
+    ),
+    # Atlas, >= 0.6 (read at ariga/atlas a5e0aecc, v1.2.3): cmd/atlas/internal/cmdapi/
+    # migrate.go locks applyLockValue = "atlas_migrate_execute" for migrate apply;
+    # sql/postgres/driver.go, Driver.Lock keys it with fnv.New32 (FNV-1) of the name and
+    # acquire runs SELECT pg_try_advisory_lock($1), retried until the lock timeout.
+    CatalogEntry(
+        name="atlas_migrate",
+        library="Atlas (migrate apply)",
+        versions=">= 0.6",
+        key_text='2686470616 (FNV-1 32 of "atlas_migrate_execute")',
+        level="session (pg_try_advisory_lock, retried)",
+        key=fnv1_32("atlas_migrate_execute"),
+    ),
+    # Opt-in: small keys that other software may well use for something else.
+    # Apache Airflow 2.x and 3.x (read in several versions of apache/airflow's
+    # airflow/utils/db.py): DBLocks.MIGRATIONS = enum.auto() = 1; create_global_lock runs
+    # SELECT pg_advisory_lock(:id) around the migrations (airflow db migrate).
+    CatalogEntry(
+        name="airflow_migration",
+        library="Apache Airflow (airflow db migrate)",
+        versions="2.x, 3.x",
+        key_text="1",
+        level="session (pg_advisory_lock)",
+        key=1,
+        default=False,
+    ),
+    # authentik (read in several versions of goauthentik/authentik's lifecycle/migrate.py):
+    # ADV_LOCK_UID = 1000; wait_for_lock runs SELECT pg_advisory_lock(%s) before the
+    # migrations.
+    CatalogEntry(
+        name="authentik_migration",
+        library="authentik (lifecycle/migrate.py)",
+        versions="every version read",
+        key_text="1000",
+        level="session (pg_advisory_lock)",
+        key=1000,
+        default=False,
+    ),
+)
+
+BY_NAME = {entry.name: entry for entry in ENTRIES}
+MIGRATION_KEYS: tuple[str, ...] = tuple(entry.name for entry in ENTRIES)
+DEFAULTS: tuple[CatalogEntry, ...] = tuple(entry for entry in ENTRIES if entry.default)
+
+
+def _choice(value: object) -> object:
+    """true, false, or a list of entry names (opt-in ones included), each at most once."""
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, list | tuple) or not all(isinstance(n, str) for n in value):
+        raise ValueError("expected true, false or a list of catalog entry names")
+    seen: set[str] = set()
+    for name in value:
+        if name not in BY_NAME:
+            raise ValueError(
+                f"unknown catalog entry {name!r}; the entries are {', '.join(MIGRATION_KEYS)}"
+            )
+        if name in seen:
+            raise ValueError(f"catalog entry {name!r} is listed twice")
+        seen.add(name)
+    return tuple(value)
+
+
+CatalogChoice = Annotated[bool | tuple[str, ...], BeforeValidator(_choice)]
+"""The `catalog` setting: true (the default entries), false (none), or the entries to keep."""
+
+
+def selected(choice: bool | tuple[str, ...] | None) -> tuple[CatalogEntry, ...]:
+    """The entries a setting keeps, in catalog order; None (not set) keeps the defaults."""
+    if choice is None or choice is True:
+        return DEFAULTS
+    if choice is False:
+        return ()
+    return tuple(entry for entry in ENTRIES if entry.name in choice)
+
+
+def needs_databases(entries: Iterable[CatalogEntry]) -> bool:
+    """Whether some entry's key depends on the database, so the server's list is needed."""
+    return any(entry.per_database is not None for entry in entries)
+
+
+def key_configs(entries: Sequence[CatalogEntry], databases: Iterable[str]) -> list[KeyConfig]:
+    """Registry entries for these catalog entries on a server with these databases.
+
+    A fixed key counts in every database; a computed one only in the database it was
+    computed for. Built without validation: every value is in range (the tests check that
+    each one validates), and a server may have thousands of databases.
+    """
+    names = sorted(set(databases))
+    configs: list[KeyConfig] = []
+    for entry in entries:
+        if entry.per_database is None:
+            configs.append(KeyConfig.model_construct(name=entry.name, key=entry.key))
+            continue
+        configs.extend(
+            KeyConfig.model_construct(
+                name=entry.name, key=entry.per_database(name), databases=(name,)
+            )
+            for name in names
+        )
+    return configs

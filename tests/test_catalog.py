@@ -1,0 +1,430 @@
+"""The built-in catalog of well-known keys: each library's key as its own source computes it,
+the `catalog` setting, precedence over it, and every entry named on a real server."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from support import Cli, Config, OneTarget, RunningExporter, Scrape, Session, StartExporter
+
+from pg_advisory_exporter import catalog
+from pg_advisory_exporter.catalog import (
+    BY_NAME,
+    DEFAULTS,
+    ENTRIES,
+    MIGRATION_KEYS,
+    crc32,
+    fnv1_32,
+    golang_migrate_key,
+    java_string_hash,
+    key_configs,
+)
+from pg_advisory_exporter.cli import main
+from pg_advisory_exporter.config import FileConfig, load, read_environment, read_flags
+from pg_advisory_exporter.connection import DATABASES_SQL
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.registry import KeyConfig, Registry, with_catalog
+
+# -- Each key, from the values the libraries' own sources and tests give -------------------
+
+
+def test_the_names_are_the_contract() -> None:
+    assert MIGRATION_KEYS == (
+        "rails_migration", "sqlx_migration", "golang_migrate", "golang_migrate_instance",
+        "grafana_migration", "prisma_migrate", "sqitch", "goose", "goose_legacy", "flyway",
+        "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
+        "airflow_migration", "authentik_migration",
+    )  # fmt: skip
+    assert [e.name for e in ENTRIES if not e.default] == [
+        "airflow_migration",
+        "authentik_migration",
+    ]
+    assert tuple(e for e in ENTRIES if e.default) == DEFAULTS
+
+
+# Worked values: the research's, recomputed here from each library's formula.
+@pytest.mark.parametrize(
+    ("name", "database", "key"),
+    [
+        # 2053462845 * Zlib.crc32("orders"): the issue's example.
+        ("rails_migration", "orders", 7895826788198718390),
+        ("rails_migration", "postgres", 737815420147457505),
+        ("sqlx_migration", "orders", 3947913392176795364),
+        ("sqlx_migration", "postgres", 368907709894077238),
+        ("golang_migrate", "orders", 660104171),  # the URL path "/orders"
+        ("golang_migrate", "postgres", 3280485947),
+        ("golang_migrate_instance", "orders", 2900846959),  # CURRENT_DATABASE() "orders"
+        ("golang_migrate_instance", "postgres", 143310882),
+        ("grafana_migration", "orders", 3139563098),
+        ("grafana_migration", "grafana", 4004004031),
+    ],
+)
+def test_per_database_keys(name: str, database: str, key: int) -> None:
+    assert BY_NAME[name].key_for(database) == key
+
+
+def test_golang_migrate_follows_its_own_test_vectors() -> None:
+    # database/util_test.go, TestGenerateAdvisoryLockId (golang-migrate 18966c75).
+    assert golang_migrate_key("database_name") == 1764327054
+    assert golang_migrate_key("database_name", "schema_name_1") == 2453313553
+    assert golang_migrate_key("database_name", "schema_name_2") == 235207038
+    assert golang_migrate_key("database_name", "schema_name_1", "schema_name_2") == 3743845847
+
+
+def _go_crc64_ecma(data: bytes) -> int:
+    """Go's crc64.Checksum(data, crc64.MakeTable(crc64.ECMA)): reflected, inverted."""
+    crc = 0xFFFFFFFFFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xC96C5795D7870F42 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFFFFFFFFFF
+
+
+def test_fixed_keys_follow_from_their_recipes() -> None:
+    assert BY_NAME["goose"].key == crc32("goose") == 4097083626
+    assert BY_NAME["goose_legacy"].key == _go_crc64_ecma(b"goose") == 5887940537704921958
+    # Java's "hello".hashCode() is 99162322; Flyway's base is "Flyway" in ASCII.
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("") == 0
+    assert int.from_bytes(b"Flyway", "big") == 77431708279161
+    assert BY_NAME["flyway"].key == 77431708279161 + java_string_hash(
+        '"public"."flyway_schema_history"'
+    )
+    assert BY_NAME["flyway"].key == 77433833903597
+    assert fnv1_32("a") == 0x050C5D7E  # FNV-1's published value for "a"
+    assert BY_NAME["atlas_migrate"].key == 2686470616
+    fixed = {
+        "prisma_migrate": 72707369,
+        "sqitch": 75474063,
+        "node_pg_migrate": 7241865325823964,
+        "kysely_migration": 3853314791062309107,
+        "graphile_migrate": 4727445306447283,
+        "tern": 9628173550095224,
+        "airflow_migration": 1,
+        "authentik_migration": 1000,
+    }
+    assert {name: BY_NAME[name].key for name in fixed} == fixed
+
+
+DATABASES = ["orders", "postgres", "Caf\u00e9 \u2603", "x" * 63, "plumless", "buckeroo"]
+
+
+def test_every_key_is_a_valid_registry_entry() -> None:
+    for config in key_configs(ENTRIES, DATABASES):
+        assert KeyConfig.model_validate(config.model_dump()) == config
+
+
+def test_describe_gives_the_readme_table_its_columns() -> None:
+    rows = [entry.describe() for entry in ENTRIES]
+    assert all(
+        set(row) == {"name", "library", "versions", "key", "per_database", "level", "default"}
+        and all(row.values())
+        for row in rows
+    )
+    assert rows[0]["per_database"] == "yes"
+    assert BY_NAME["flyway"].describe()["level"].startswith("transaction")
+    assert BY_NAME["airflow_migration"].describe()["default"] == "opt-in"
+
+
+# -- The setting ----------------------------------------------------------------------------
+
+
+def _check_config(tmp_path: Path, data: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--config.file", str(path), "--config.check"]) == 2
+    return capsys.readouterr().err.replace(str(path), "FILE")
+
+
+def test_unknown_entries_are_located_and_the_names_listed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = {"name": "a", "dsn": "host=db"}
+    message = _check_config(tmp_path, {"catalog": ["rails"], "targets": [target]}, capsys)
+    assert (
+        f"FILE: catalog: unknown catalog entry 'rails'; the entries are {', '.join(MIGRATION_KEYS)}"
+    ) in message
+    message = _check_config(
+        tmp_path, {"targets": [{**target, "catalog": ["sqitch", "sqitch"]}]}, capsys
+    )
+    assert "FILE: targets[0].catalog: catalog entry 'sqitch' is listed twice" in message
+    message = _check_config(tmp_path, {"catalog": "yes", "targets": [target]}, capsys)
+    assert "FILE: catalog: expected true, false or a list of catalog entry names" in message
+
+
+def test_a_target_overrides_the_files_choice(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "catalog": ["sqitch", "airflow_migration"],
+                "targets": [
+                    {"name": "a", "dsn": "host=db"},
+                    {"name": "b", "dsn": "host=db", "catalog": False},
+                    {"name": "c", "dsn": "host=db", "catalog": True},
+                ],
+            }
+        )
+    )
+    targets = load(read_flags({"config_file": str(path)}), read_environment()).targets
+    chosen = [[e.name for e in catalog.selected(t.catalog)] for t in targets]
+    assert chosen == [["sqitch", "airflow_migration"], [], [e.name for e in DEFAULTS]]
+    # Without a file (--dsn), and in a file that does not say: the default entries.
+    default = FileConfig.model_validate({"targets": [{"name": "a", "dsn": "host=db"}]})
+    assert catalog.selected(default.catalog) == DEFAULTS
+    assert catalog.selected(None) == DEFAULTS
+
+
+# -- Precedence -----------------------------------------------------------------------------
+
+
+RAILS_ORDERS = 7895826788198718390
+
+
+def _resolve(keys: list[KeyConfig], databases: list[str]) -> tuple[Registry, list[str]]:
+    notes: list[str] = []
+    registry = Registry.resolve(
+        keys, lambda texts, seeds: [], key_configs(DEFAULTS, databases), notes.append
+    )
+    return registry, notes
+
+
+def _where(registry: Registry, name: str) -> list[tuple[str, ...]]:
+    return [k.config.databases for k in registry.keys if k.name == name]
+
+
+def test_the_users_entry_wins_and_says_so() -> None:
+    user = [
+        KeyConfig(name="deploy_lock", key=RAILS_ORDERS),
+        KeyConfig(name="jobs", namespace=75474063),  # an (int, int) space: not sqitch's key
+    ]
+    registry, notes = _resolve(user, ["orders", "shop"])
+    assert [k.name for k in registry.keys[:2]] == ["deploy_lock", "jobs"]
+    assert not any(k.catalog for k in registry.keys[:2])
+    assert all(k.catalog for k in registry.keys[2:])
+    assert _where(registry, "rails_migration") == [("shop",)]
+    assert _where(registry, "sqitch") == [()]
+    assert notes == [
+        "key 'deploy_lock' (key 7895826788198718390) of the registry names the lock of the "
+        "catalog's 'rails_migration' in database 'orders': it keeps its name"
+    ]
+    # The user's own clashes are still errors, catalog or not.
+    with pytest.raises(ValueError, match="name the same lock"):
+        _resolve([*user, KeyConfig(name="again", key=RAILS_ORDERS)], ["orders"])
+
+
+def test_catalog_entries_that_collide_keep_the_first() -> None:
+    # "plumless" and "buckeroo" have the same CRC-32, and so have both after the same prefix:
+    # each library locks one key for the two databases, and one entry covers both.
+    registry, notes = _resolve([], ["buckeroo", "plumless"])
+    per_database = [e.name for e in DEFAULTS if e.per_database is not None]
+    assert len(per_database) == 5
+    for name in per_database:
+        assert _where(registry, name) == [("buckeroo", "plumless")], name
+    assert notes == []
+    # Two entries, one lock: the first in catalog order keeps it, and the log says so.
+    first = KeyConfig(name="first", key=42, databases=("a",))
+    second = KeyConfig(name="second", key=42, databases=("b",))
+    third = KeyConfig(name="third", key=43)
+    kept = with_catalog((), [first, second, third], notes.append)
+    assert [(k.name, k.config.databases) for k in kept] == [("first", ("a",)), ("third", ())]
+    assert notes == [
+        "the catalog's 'first' in database 'a' and 'second' in database 'b' name the same "
+        "lock (key 42): it is named 'first'"
+    ]
+
+
+# -- On a real server -----------------------------------------------------------------------
+
+
+def _database(pg: EmbeddedPostgres, name: str) -> str:
+    with pg.connect() as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def _key(name: str, database: str) -> int:
+    return BY_NAME[name].key_for(database)
+
+
+# How each library takes its lock (catalog.py cites the code): the function, and whether it
+# runs in an open transaction, in database `orders`.
+def _takers(db: str) -> list[tuple[str, str, bool]]:
+    """(entry, statement, autocommit)."""
+    return [
+        ("rails_migration", f"SELECT pg_try_advisory_lock({_key('rails_migration', db)})", True),
+        ("sqlx_migration", f"SELECT pg_advisory_lock({_key('sqlx_migration', db)})", True),
+        ("golang_migrate", f"SELECT pg_advisory_lock({_key('golang_migrate', db)})", True),
+        (
+            "golang_migrate_instance",
+            f"SELECT pg_advisory_lock({_key('golang_migrate_instance', db)})",
+            True,
+        ),
+        # Inside the migrator's transaction, a session-level lock all the same.
+        (
+            "grafana_migration",
+            f"SELECT pg_try_advisory_lock({_key('grafana_migration', db)})",
+            False,
+        ),
+        ("prisma_migrate", "SELECT pg_advisory_lock(72707369)", True),
+        ("sqitch", "SELECT pg_try_advisory_lock(75474063)", True),
+        ("goose", "SELECT pg_try_advisory_lock(4097083626)", True),
+        ("goose_legacy", "SELECT pg_try_advisory_lock(5887940537704921958)", True),
+        # Transaction-level, the default since Flyway 9.1.2: held while the transaction is.
+        ("flyway", "SELECT pg_try_advisory_xact_lock(77433833903597)", False),
+        (
+            "node_pg_migrate",
+            'SELECT pg_try_advisory_lock(7241865325823964) AS "lockObtained"',
+            True,
+        ),
+        (
+            "kysely_migration",
+            "with set_timeout as (select set_config('lock_timeout', '3600000', true) as "
+            "config_val) select pg_advisory_lock(3853314791062309107) from set_timeout",
+            True,
+        ),
+        ("graphile_migrate", "select pg_try_advisory_lock(4727445306447283) as locked", True),
+        ("tern", "select pg_advisory_lock(9628173550095224)", True),
+        ("atlas_migrate", "SELECT pg_try_advisory_lock(2686470616)", True),
+        ("airflow_migration", "SELECT pg_advisory_lock(1)", True),
+        ("authentik_migration", "SELECT pg_advisory_lock(1000)", True),
+    ]
+
+
+def _catalog_keys(scrape: Scrape, target: str) -> dict[tuple[str, str], float]:
+    return {
+        (labels["key"], labels["datname"]): value
+        for labels, value in scrape.find("pg_advisory_key_holders", target=target)
+        if labels["key"] in MIGRATION_KEYS
+    }
+
+
+def test_every_entry_is_named_when_its_library_holds_it(
+    pg: EmbeddedPostgres,
+    monitor_dsn: str,
+    session: Session,
+    start_exporter: StartExporter,
+    cli: Cli,
+    tmp_path: Path,
+) -> None:
+    db = _database(pg, "orders")
+    for name, statement, autocommit in _takers(db):
+        conn = session(name.replace("_", "-"), dbname=db, autocommit=autocommit)
+        assert conn.execute(statement).fetchone() in {(True,), ("",), (None,)}, name
+    # Rails' key for orders, taken in another database, is no Rails lock there.
+    session("impostor").execute(f"SELECT pg_advisory_lock({_key('rails_migration', db)})")
+    chosen = ["rails_migration", "airflow_migration", "authentik_migration"]
+    config: Config = {
+        "collection": {"min_interval": "1ms"},
+        "targets": [
+            {"name": "main", "dsn": monitor_dsn},
+            {"name": "chosen", "dsn": monitor_dsn, "catalog": chosen},
+            {"name": "none", "dsn": monitor_dsn, "catalog": False},
+        ],
+    }
+    exporter = start_exporter(config=config)
+    defaults = {(e.name, db): 1.0 for e in DEFAULTS}
+    scrape = exporter.scrape_until(lambda s: _catalog_keys(s, "main") == defaults)
+    assert _catalog_keys(scrape, "chosen") == {(name, db): 1.0 for name in chosen}
+    assert _catalog_keys(scrape, "none") == {}
+    assert scrape.find("pg_advisory_key_holders", datname="postgres") == []
+    assert scrape.value("pg_advisory_key_waiters", target="main", key="flyway", datname=db) == 0
+
+    path = tmp_path / "check.yaml"
+    path.write_text(yaml.safe_dump({"targets": config["targets"][:1]}))
+    report = cli("check", "--config.file", str(path), check=True).stdout
+    assert f"Well-known keys in use ({len(DEFAULTS)})" in report
+    rows = {
+        line.split()[0]: line.split()[1:4] for line in report.splitlines() if " orders " in line
+    }
+    for entry in DEFAULTS:
+        assert rows.get(entry.name) == [db, "1", "0"], entry.name
+    # The holders' own rows name the key too.
+    assert re.search(r"'rails-migration'.*\brails_migration\b", report)
+
+
+def _reads(pg: EmbeddedPostgres, statement: str) -> int:
+    return pg.logfile.read_text().count(statement)
+
+
+def test_a_new_database_is_named_at_the_next_collection_on_the_same_connection(
+    pg: EmbeddedPostgres, exporter: RunningExporter
+) -> None:
+    assert exporter.scrape().value("pg_advisory_up", target="main") == 1
+    lists_before = _reads(pg, DATABASES_SQL)
+    collections_before = _reads(pg, "FROM pg_catalog.pg_locks")
+    name = f"shop_{uuid.uuid4().hex[:8]}"
+    _database(pg, name)
+    scrapes = 0
+    try:
+        with psycopg.connect(pg.dsn(name), autocommit=True) as conn:
+            conn.execute(f"SELECT pg_try_advisory_lock({_key('rails_migration', name)})")
+            labels = {"target": "main", "key": "rails_migration", "datname": name}
+            for _ in range(50):
+                scrapes += 1
+                if exporter.scrape().find("pg_advisory_key_holders", **labels):
+                    break
+            else:
+                pytest.fail(f"rails_migration never named in {name}:\n{exporter.log()}")
+    finally:
+        with pg.connect() as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    # The collection that saw the database, then one more: the list of databases was read
+    # once more, on the connection the exporter had, and pg_locks once per collection.
+    assert scrapes == 2
+    assert _reads(pg, DATABASES_SQL) - lists_before == 1
+    assert _reads(pg, "FROM pg_catalog.pg_locks") - collections_before == scrapes
+    assert exporter.log().count("msg=connected") == 1
+
+
+def test_the_users_name_wins_and_the_log_says_so_once(
+    pg: EmbeddedPostgres,
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    session: Session,
+) -> None:
+    db = _database(pg, "orders")
+    keys = [{"name": "deploy_lock", "key": _key("rails_migration", db)}]
+    exporter = start_exporter(config={**one_target(monitor_dsn), "keys": keys})
+    session("rails", dbname=db).execute(
+        f"SELECT pg_try_advisory_lock({_key('rails_migration', db)})"
+    )
+    labels = {"target": "main", "datname": db}
+    scrape = exporter.scrape_until(
+        lambda s: bool(s.find("pg_advisory_key_holders", key="deploy_lock", **labels))
+    )
+    assert scrape.find("pg_advisory_key_holders", key="rails_migration", **labels) == []
+    # A new connection resolves the registry again: the log does not repeat itself.
+    with pg.connect() as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE usename = 'monitor' AND application_name = 'pg-advisory-exporter'"
+        )
+    exporter.scrape_until(lambda s: exporter.log().count("msg=connected") == 2)
+    for _ in range(3):
+        assert exporter.scrape().value("pg_advisory_key_holders", key="deploy_lock", **labels) == 1
+    assert exporter.log().count("of the catalog's 'rails_migration' in database 'orders'") == 1
+
+
+def _readme_row(entry: dict[str, str]) -> str:
+    name = f"`{entry['name']}`" + ("" if entry["default"] == "on" else " (opt-in)")
+    cells = [name, entry["library"], entry["versions"], entry["key"], entry["per_database"]]
+    return "| " + " | ".join([*cells, entry["level"]]) + " |"
+
+
+def test_the_readme_table_is_the_catalog() -> None:
+    """The README's Well-known keys table says what catalog.py holds, row for row."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Well-known keys") :]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    expected = [_readme_row(entry.describe()) for entry in ENTRIES]
+    assert rows[: len(expected)] == expected, "\n".join(expected)
