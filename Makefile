@@ -36,7 +36,8 @@ demo: $(INSTALLED)
 	$(BIN)/pg-advisory-exporter demo
 
 # The tests that need no PostgreSQL server run once; those marked `pg` (set from the fixtures
-# they use, see tests/conftest.py) once per version, the first with the demo test too. Every
+# they use, see tests/conftest.py) once per version, those also marked `once` (the demo's)
+# with the first version only. Every
 # run goes ahead even after a failure; the end lists each run's pytest summary and the totals,
 # and the target fails if any run did.
 test: $(INSTALLED) $(CRD_MODELS) system-packages lint typecheck
@@ -50,10 +51,10 @@ test: $(INSTALLED) $(CRD_MODELS) system-packages lint typecheck
 	    >>"$$logs/summary"; \
 	}; \
 	run "Without a server" $(BIN)/pytest -m 'not pg'; \
-	demo=; \
+	marks=pg; \
 	for version in $(PG_VERSIONS); do \
-	  run "PostgreSQL $$version" env PG_VERSION=$$version $(BIN)/pytest -m pg $$demo; \
-	  demo=--ignore=tests/test_demo.py; \
+	  run "PostgreSQL $$version" env PG_VERSION=$$version $(BIN)/pytest -m "$$marks"; \
+	  marks="pg and not once"; \
 	done; \
 	echo; cat "$$logs/summary"; \
 	awk '{ for (i = 2; i <= NF; i++) { n = $$(i - 1) + 0; \

@@ -7,12 +7,14 @@ path inside it, the variable, or the flag.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import (
@@ -217,6 +219,41 @@ LogLevel = Literal["debug", "info", "warn", "error"]
 LogFormat = Literal["logfmt", "json"]
 
 
+def _check_external_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(
+            f"{url!r} is not an absolute http or https URL (for example "
+            "https://exporter.example.com/)"
+        )
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: the external URL takes no query or fragment")
+    return url.rstrip("/")
+
+
+ExternalUrl = Annotated[str, AfterValidator(_check_external_url)]
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+_HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
+
+
+def _check_address(address: str) -> str:
+    try:
+        ipaddress.ip_network(address, strict=False)
+    except ValueError:
+        if "/" in address or not _HOST_NAME.match(address) or address.replace(".", "").isdigit():
+            raise ValueError(
+                f"{address!r} is not an IP address, a CIDR (10.0.0.0/24) or a host name"
+            ) from None
+    return address
+
+
+PoolerAddress = Annotated[str, AfterValidator(_check_address)]
+PoolMode = Literal["session", "transaction", "statement"]
+
+
 def read_password_file(path: Path) -> str:
     try:
         return path.read_text().rstrip("\r\n")
@@ -224,10 +261,73 @@ def read_password_file(path: Path) -> str:
         raise ValueError(f"cannot read password_file {path}: {exc.strerror}") from None
 
 
+def _check_password_source(dsn: str, password_file: Path | None) -> None:
+    if password_file is None:
+        return
+    if _dsn_parameters(dsn).get("password"):
+        raise ValueError("give the password either in the DSN or in password_file, not both")
+    read_password_file(password_file)
+
+
+def _with_password(dsn: str, password_file: Path | None) -> str:
+    """The DSN with the password from password_file, read now so that rotation works."""
+    if password_file is None:
+        return dsn
+    return make_conninfo(dsn, password=read_password_file(password_file))
+
+
+class PoolerConfig(Strict):
+    """A connection pooler (PgBouncer) in front of a target, known by its admin console or,
+    where that cannot be reached, by the addresses its server connections come from."""
+
+    name: str = Field(pattern=_NAME)
+    # A DSN to the pooler's admin console (its `pgbouncer` database), for a stats_users role.
+    admin_dsn: Dsn | None = Field(default=None, repr=False)
+    password_file: Path | None = None
+    # Hosts or CIDRs matched against pg_stat_activity.client_addr, with the mode of the
+    # pools behind them: what the console would have said.
+    addresses: tuple[PoolerAddress, ...] = ()
+    pool_mode: PoolMode | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PoolerConfig:
+        if (self.admin_dsn is None) == (not self.addresses):
+            raise ValueError("give exactly one of admin_dsn or addresses")
+        if self.admin_dsn is not None:
+            if self.pool_mode is not None:
+                raise ValueError(
+                    "pool_mode goes with addresses: the admin console says each pool's mode"
+                )
+            _check_password_source(self.admin_dsn, self.password_file)
+        else:
+            if self.pool_mode is None:
+                raise ValueError(
+                    "addresses need pool_mode (session, transaction or statement): the mode "
+                    "of the pools whose server connections come from them"
+                )
+            if self.password_file is not None:
+                raise ValueError("password_file goes with admin_dsn")
+        return self
+
+    def conninfo(self) -> str:
+        assert self.admin_dsn is not None
+        return _with_password(self.admin_dsn, self.password_file)
+
+
+class LocksPageSettings(Strict):
+    """The /locks page and `check` of one target: set for all targets, overridable per target."""
+
+    # Query text is personal data in many shops: shown only where a target turns it on.
+    query_text: bool = False
+    query_text_length: int = Field(default=200, ge=1, le=100_000)
+    # A request within this time of the last answer gets that answer: no second read.
+    reuse_for: Interval = 5.0
+
+
 class TargetConfig(Strict):
     """One PostgreSQL server to watch."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    name: str = Field(pattern=_NAME)
     dsn: Dsn = Field(repr=False)
     password_file: Path | None = None
     collection: CollectionSettings | None = None
@@ -235,21 +335,31 @@ class TargetConfig(Strict):
     # The built-in catalog's entries to merge into the registry (catalog.py); not set: the
     # file's top-level `catalog`, and after load() always set.
     catalog: CatalogChoice | None = None
+    poolers: tuple[PoolerConfig, ...] = ()
+    locks_page: LocksPageSettings | None = None  # after load(): always set
 
     @model_validator(mode="after")
     def _one_password_source(self) -> TargetConfig:
-        if self.password_file is None:
-            return self
-        if _dsn_parameters(self.dsn).get("password"):
-            raise ValueError("give the password either in the DSN or in password_file, not both")
-        read_password_file(self.password_file)
+        _check_password_source(self.dsn, self.password_file)
         return self
+
+    @field_validator("poolers")
+    @classmethod
+    def _unique_poolers(cls, poolers: tuple[PoolerConfig, ...]) -> tuple[PoolerConfig, ...]:
+        _check_unique("pooler", [pooler.name for pooler in poolers])
+        return poolers
 
     def conninfo(self) -> str:
         """The DSN with the password from password_file, read now so that rotation works."""
-        if self.password_file is None:
-            return self.dsn
-        return make_conninfo(self.dsn, password=read_password_file(self.password_file))
+        return _with_password(self.dsn, self.password_file)
+
+
+def _check_unique(what: str, names: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{what} name {name!r} is used twice")
+        seen.add(name)
 
 
 class WebConfig(Strict):
@@ -261,6 +371,11 @@ class WebConfig(Strict):
     )
     enable_lifecycle: bool = Field(
         default=False, description="serve POST /-/reload (SIGHUP reloads either way)"
+    )
+    external_url: ExternalUrl | None = Field(
+        default=None,
+        description="the URL under which users reach the exporter (behind a proxy, its "
+        "public one): alert descriptions link to its /locks page",
     )
     config_file: Annotated[Path | None, Spelled("--web.config.file")] = Field(
         default=None,
@@ -290,6 +405,7 @@ class FileConfig(Strict):
     # for the default entries, false for none, or the names of the entries to keep. Only
     # the file sets it: a choice of names has no flag or variable form.
     catalog: CatalogChoice = True
+    locks_page: LocksPageSettings = LocksPageSettings()  # of every target; only the file
     max_parallel_collections: int = Field(default=DEFAULT_PARALLEL_COLLECTIONS, ge=1)
     targets: tuple[TargetConfig, ...] = Field(min_length=1)
 
@@ -302,11 +418,7 @@ class FileConfig(Strict):
     @field_validator("targets")
     @classmethod
     def _unique_names(cls, targets: tuple[TargetConfig, ...]) -> tuple[TargetConfig, ...]:
-        seen: set[str] = set()
-        for target in targets:
-            if target.name in seen:
-                raise ValueError(f"target name {target.name!r} is used twice")
-            seen.add(target.name)
+        _check_unique("target", [target.name for target in targets])
         return targets
 
 
@@ -536,6 +648,9 @@ def load(flags: Overrides, env: Overrides) -> Config:
                 ),
                 "keys": file.keys + target.keys,
                 "catalog": file.catalog if target.catalog is None else target.catalog,
+                "locks_page": file.locks_page.model_copy(
+                    update=_given(target.locks_page) if target.locks_page else {}
+                ),
             }
         )
         for target in file.targets

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .appnames import RewriteRule, fold, rewrite
 from .capacity import lock_table_capacity
+from .poolers import PoolerView, owner
 from .registry import NO_KEYS, RegisteredKey, Registry
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot
 
@@ -132,6 +133,20 @@ SPECS = {
             "The registry's max_hold for the key: compare pg_advisory_key_hold_seconds with it.",
         ),
         MetricSpec(
+            "pg_advisory_pooled_session_locks",
+            "gauge",
+            (*_GROUP, "pooler", "pool"),
+            "Session-level advisory lock entries held on backends that a transaction- or "
+            "statement-mode pool owns: stranded, handed to the next client. 0 per pooler "
+            "read when there are none.",
+        ),
+        MetricSpec(
+            "pg_advisory_pooler_up",
+            "gauge",
+            ("target", "pooler"),
+            "1 if the pooler could be read (or is known by address) in the last collection.",
+        ),
+        MetricSpec(
             "pg_advisory_exporter_build_info", "gauge", ("version", "python_version"), "Always 1."
         ),
         MetricSpec(
@@ -158,6 +173,13 @@ SPECS = {
             ("target",),
             "1 when the monitoring role cannot see other sessions' state and times "
             "(it lacks pg_read_all_stats).",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_locks_page_info",
+            "gauge",
+            ("target", "url"),
+            "Always 1, where --web.external-url is set: the URL of the target's /locks page, "
+            "which alert descriptions link to.",
         ),
         MetricSpec(
             "pg_advisory_exporter_folded_application_names",
@@ -354,6 +376,44 @@ def _key_samples(target: str, snapshot: ServerSnapshot, registry: Registry) -> l
     return samples
 
 
+def certainly_session_level(backend: BackendLocks) -> bool:
+    """Outside any transaction, every lock a backend holds is session-level; inside one,
+    pg_locks cannot tell the two kinds apart (postgres-facts: the /0 virtual transaction)."""
+    return not backend.in_transaction or backend.state == "idle"
+
+
+def _pooler_samples(
+    target: str,
+    snapshot: ServerSnapshot,
+    labels: Sequence[str],
+    poolers: Sequence[PoolerView],
+) -> list[Sample]:
+    """Stranded session locks per pool, and whether each pooler could be read.
+
+    A pooler that was read gets a 0 when nothing is stranded behind it, so that the series'
+    absence means "not watched"; one that could not be read gets neither.
+    """
+    stranded: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    for backend, label in zip(snapshot.backends, labels, strict=True):
+        if not backend.held or not certainly_session_level(backend):
+            continue
+        pooled = owner(poolers, backend.pid, backend.client_addr, backend.client_port)
+        if pooled is not None and pooled.shared:
+            stranded[backend.datname, label, pooled.pooler, pooled.pool] += backend.held
+    samples = [Sample("pg_advisory_pooler_up", (target, p.name), p.up) for p in poolers]
+    found = {pooler for _, _, pooler, _ in stranded}
+    samples += [
+        Sample("pg_advisory_pooled_session_locks", (target, "", "", p.name, ""), 0)
+        for p in poolers
+        if p.up and p.name not in found
+    ]
+    samples += [
+        Sample("pg_advisory_pooled_session_locks", (target, *group), entries)
+        for group, entries in sorted(stranded.items())
+    ]
+    return samples
+
+
 @dataclass(frozen=True)
 class ServerSamples:
     samples: list[Sample]
@@ -366,8 +426,10 @@ def server_samples(
     rules: Sequence[RewriteRule],
     application_name_limit: int,
     registry: Registry = NO_KEYS,
+    *,
+    poolers: Sequence[PoolerView] = (),
 ) -> ServerSamples:
-    """Map one snapshot to the server series of the contract."""
+    """Map one snapshot (and what its target's poolers said) to the server series."""
     names = [rewrite(backend.application_name, rules) for backend in snapshot.backends]
     entries_by_name: dict[str, int] = defaultdict(int)
     for backend, name in zip(snapshot.backends, names, strict=True):
@@ -423,4 +485,6 @@ def server_samples(
             Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
         ]
     samples += _key_samples(target, snapshot, registry)
+    folded = [folding.label(name) for name in names]
+    samples += _pooler_samples(target, snapshot, folded, poolers)
     return ServerSamples(samples, folding.folded)

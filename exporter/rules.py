@@ -65,6 +65,14 @@ class Thresholds(Strict):
         300, description="the same, this long when a session waits for the lock"
     )
     migration_lock_for: Duration = Field(60, description="how long it must last")
+    pooled_session_lock_for: Duration = Field(
+        60, description="a session lock stranded in a transaction pool this long pages"
+    )
+    pooled_session_lock_gap: Duration = Field(
+        30,
+        description="the longest the stranded backend may be seen serving another client's "
+        "transaction without the alert starting over",
+    )
     exporter_job: str = Field(
         "pg-advisory-exporter", description="the Prometheus job that scrapes the exporter"
     )
@@ -176,6 +184,14 @@ class ThresholdValues:
 # databases.
 _SERVER = ("job", "instance", "target")
 _HOLDER = (*_SERVER, "datname", "application_name")
+# The link to the target's /locks page, where the exporter knows its external URL: the
+# exporter's own series says where that page is (--web.external-url), found by a query
+# when the alert fires; without that series the description ends before it.
+_LOCKS_PAGE_LINK = (
+    '{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" '
+    "$labels.job $labels.instance $labels.target | query }}"
+    ' Holders and waiters: {{ . | first | label "url" }}{{ end }}'
+)
 
 
 @dataclass(frozen=True)
@@ -198,6 +214,7 @@ class _Rules:
         severity: str,
         summary: str,
         description: str,
+        locks_page: bool = True,
     ) -> dict[str, Any]:
         return {
             "alert": name,
@@ -206,7 +223,7 @@ class _Rules:
             "labels": {"severity": severity},
             "annotations": {
                 "summary": summary,
-                "description": description,
+                "description": description + (_LOCKS_PAGE_LINK if locks_page else ""),
                 "runbook_url": f"{self.v.text('runbook_url')}#{name.lower()}",
             },
         }
@@ -300,6 +317,7 @@ class _Rules:
                 "{{ $labels.datname }} on {{ $labels.target }} in the last "
                 f"{v.duration('deadlocks_window')}: sessions take the same locks in different "
                 "orders.",
+                locks_page=False,
             ),
             t.alert(
                 "PgAdvisoryTargetDown",
@@ -310,6 +328,7 @@ class _Rules:
                 description="pg-advisory-exporter has failed to collect from "
                 f"{{{{ $labels.target }}}} for {v.duration('target_down_for')}: leaked locks and a "
                 "full lock table there go unseen. Its log says why.",
+                locks_page=False,
             ),
             t.alert(
                 EXPORTER_DOWN,
@@ -320,6 +339,7 @@ class _Rules:
                 description="Prometheus has failed to scrape pg-advisory-exporter at "
                 f"{{{{ $labels.instance }}}} for {v.duration('exporter_down_for')}: no advisory "
                 "lock alert can fire for its targets until it is back.",
+                locks_page=False,
             ),
             t.alert(
                 "PgAdvisoryMigrationLockStuck",
@@ -338,6 +358,23 @@ class _Rules:
                 f"{v.duration('migration_lock_waited_after')} with a session waiting for it: "
                 "a migration that hangs, or that crashed with its session still open, blocks "
                 "every deploy after it.",
+            ),
+            t.alert(
+                "PgAdvisorySessionLockInTransactionPool",
+                f"max by {t.by(*_HOLDER, 'pooler', 'pool')} (max_over_time("
+                f"{t.sel('pg_advisory_pooled_session_locks')}"
+                f"[{v.duration('pooled_session_lock_gap')}])) > 0",
+                for_="pooled_session_lock_for",
+                severity="critical",
+                summary=f"A session lock of {app} is stranded in pool {{{{ $labels.pool }}}} "
+                "of {{ $labels.pooler }}",
+                description=f"{value} session-level advisory lock entries of {app} {where} "
+                "are held on a server connection of {{ $labels.pooler }} (pool "
+                "{{ $labels.pool }}) that is pooled per transaction or statement: the client "
+                "that took them is gone or no longer owns the connection, the next client "
+                "handed it holds them too, and every other session fails to get them until "
+                "the pooler closes that connection. Always a bug: use transaction-level locks, "
+                "a session-mode pool, or a direct connection for that job.",
             ),
             t.alert(
                 "PgAdvisoryKeyNotHeld",

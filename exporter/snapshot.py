@@ -36,6 +36,8 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 # - count(virtualxid) and min(waitstart) skip the NULLs most rows carry, which is cheaper
 #   than a FILTER on locktype.
 # - state_change is NULL where privileges hide it, so state_seconds is NULL there too.
+# - client_addr and client_port say which pooler connection a backend serves; a Unix
+#   socket's port is -1, read as NULL like a hidden one.
 # - Deadlocks are read for every database but the templates (datistemplate, template0,
 #   template1 and any made with IS_TEMPLATE): a template is copied, not worked in, so its
 #   series would only be noise. The join also drops the shared-objects row (datid 0).
@@ -97,6 +99,8 @@ SELECT
     a.datname,
     a.application_name,
     a.state,
+    pg_catalog.host(a.client_addr) AS client_addr,
+    nullif(a.client_port, -1) AS client_port,
     extract(epoch FROM now() - a.state_change)::float8 AS state_seconds,
     CASE WHEN b.awaited_mode IS NOT NULL
          THEN extract(epoch FROM now() - coalesce(b.wait_start, now()))::float8
@@ -281,6 +285,10 @@ class BackendLocks:
     wait_seconds: float | None
     table_entries: int  # all lock types, fast-path locks excluded
     registered: tuple[KeyUse, ...] = ()
+    # Where the backend's client connects from (a pooler's, for a pooled backend); None for
+    # a Unix socket, or where privileges hide it.
+    client_addr: str | None = None
+    client_port: int | None = None
     held_key: AdvisoryKey | None = None  # the lowest key held; only for the report
     awaited_key: AdvisoryKey | None = None  # only for the report
 
@@ -355,6 +363,8 @@ def _backend(row: Mapping[str, Any]) -> BackendLocks:
         wait_seconds=_age(row["wait_seconds"]),
         table_entries=row["table_entries"],
         registered=_key_uses(row),
+        client_addr=row["client_addr"],
+        client_port=row["client_port"],
         held_key=_held_key(row),
         awaited_key=_awaited_key(row),
     )

@@ -15,10 +15,15 @@ import psycopg
 from .config import TargetConfig
 from .connection import CannotCollect, ServerConnection
 from .metrics import Sample, server_samples, target_series
+from .poolers import Poolers, PoolerView
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .snapshot import ServerSnapshot, read_snapshot
 
 log = logging.getLogger(__name__)
+
+# Seconds of a collection's deadline kept back from its poolers' reads, so that a pooler that
+# does not answer never makes the server's series late.
+_POOLER_MARGIN = 0.5
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class Target:
         self._pool = pool
         self._watchdog = watchdog
         self._server = ServerConnection(config)
+        self._poolers = Poolers(config.poolers, self.settings)
         self._rules = [rule.rule() for rule in self.settings.application_name_rewrites]
         # Shared between scrapes, the collection and the watchdog; guarded by _state.
         self._state = threading.Lock()
@@ -78,6 +84,7 @@ class Target:
         # Used by the collection only, and collections of one target never overlap.
         self._warned_privilege = False
         self._logged_error: str | None = None
+        self._pooler_errors: dict[str, str | None] = {}
 
     # -- scrapes ---------------------------------------------------------------------------
 
@@ -158,6 +165,7 @@ class Target:
         with self._state:
             in_use = self._task is not None and self._task.future.running()
         self._server.close(in_use)
+        self._poolers.close()
 
     # -- collection (one at a time, on the pool) -------------------------------------------
 
@@ -200,7 +208,7 @@ class Target:
         reused = self._server.is_open()
         try:
             try:
-                return self._succeeded(started, self._snapshot())
+                snapshot = self._snapshot()
             except psycopg.Error as exc:
                 if not (reused and self._connection_lost()):
                     raise
@@ -212,7 +220,7 @@ class Target:
                     extra={"target": self.name, "error": self._server.redact(str(exc).strip())},
                 )
                 self._server.drop()
-                return self._succeeded(started, self._snapshot())
+                snapshot = self._snapshot()
         except CannotCollect as exc:
             self._server.drop()
             return self._failed(started, str(exc))
@@ -220,6 +228,27 @@ class Target:
             if self._connection_lost():
                 self._server.drop()
             return self._failed(started, self._describe(exc))
+        return self._succeeded(started, snapshot, self._read_poolers(started))
+
+    def _read_poolers(self, started: float) -> tuple[PoolerView, ...]:
+        """The poolers, read after the server in what is left of the collection's time (at
+        most a connect and a statement): a pooler never fails the server's series."""
+        if not self._poolers:
+            return ()
+        left = self.settings.scrape_wait - _POOLER_MARGIN - (time.monotonic() - started)
+        budget = min(left, self.settings.connect_timeout + self.settings.statement_timeout)
+        views = self._poolers.read(self._watchdog, budget)
+        for view in views:  # once per distinct error, as for the server
+            if view.error != self._pooler_errors.get(view.name):
+                if view.error is None:
+                    log.info("pooler read again", extra={"target": self.name, "pooler": view.name})
+                else:
+                    log.warning(
+                        "cannot read the pooler",
+                        extra={"target": self.name, "pooler": view.name, "error": view.error},
+                    )
+            self._pooler_errors[view.name] = view.error
+        return views
 
     def _snapshot(self) -> ServerSnapshot:
         conn = self._server.get()
@@ -242,7 +271,9 @@ class Target:
             )
         return self._server.redact(str(exc).strip())
 
-    def _succeeded(self, started: float, snapshot: ServerSnapshot) -> Collection:
+    def _succeeded(
+        self, started: float, snapshot: ServerSnapshot, poolers: tuple[PoolerView, ...]
+    ) -> Collection:
         self._check_privilege(snapshot)
         mapped = server_samples(
             self.name,
@@ -250,6 +281,7 @@ class Target:
             self._rules,
             self.settings.application_name_limit,
             self._server.registry,
+            poolers=poolers,
         )
         finished = time.monotonic()
         if self._logged_error is not None:

@@ -30,6 +30,7 @@ CONTRACT_ALERTS = {
     "PgAdvisoryKeyNotHeld",
     "PgAdvisoryKeyHeldTooLong",
     "PgAdvisoryMigrationLockStuck",
+    "PgAdvisorySessionLockInTransactionPool",
 }
 
 

@@ -1,104 +1,154 @@
-"""The seed's worst case: a session lock leaked through PgBouncer's transaction pooling."""
+"""The seed's worst case: a session lock stranded on a server connection of a transaction
+pool, through a real PgBouncer (tests/pgbouncer.py), seen by the real exporter."""
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
-from support import OneTarget, StartExporter, wait_until
+from pgbouncer import SESSION_POOL, STATS_PASSWORD, TRANSACTION_POOL, PgBouncer
+from support import Config, OneTarget, Scrape, StartExporter
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
+from pg_advisory_exporter.embedded_postgres import free_port
 
-CONFIG = """\
-[databases]
-app = host=127.0.0.1 port={pg_port} dbname=postgres user=postgres password={password}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = any
-pool_mode = transaction
-default_pool_size = 1
-logfile = {dir}/pgbouncer.log
-pidfile = {dir}/pgbouncer.pid
-"""
+STRANDED = "pg_advisory_pooled_session_locks"
+TRANSACTION = f"{TRANSACTION_POOL}/postgres"  # PgBouncer's pool: database/user (forced)
 
 
-@pytest.fixture
-def pgbouncer(pg: EmbeddedPostgres) -> Iterator[int]:
-    """A real PgBouncer in transaction mode with one server connection; returns its port."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    assert Path(binary).exists(), "pgbouncer is not installed (the test command installs it)"
-    workdir = Path(tempfile.mkdtemp(prefix="pg-advisory-exporter-pgbouncer-"))
-    port = free_port()
-    (workdir / "pgbouncer.ini").write_text(
-        CONFIG.format(pg_port=pg.port, password=pg.password, port=port, dir=workdir)
-    )
-    user: dict[str, Any] = {}
-    if os.geteuid() == 0:  # PgBouncer refuses to run as root
-        entry = pwd.getpwnam("postgres")
-        user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-        for path in (workdir, workdir / "pgbouncer.ini"):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-    process = subprocess.Popen([binary, str(workdir / "pgbouncer.ini")], **user)
-    log = workdir / "pgbouncer.log"
-
-    def accepting() -> bool:
-        if process.poll() is not None:
-            pytest.fail(f"pgbouncer exited:\n{log.read_text()}")
-        try:
-            psycopg.connect(f"host=127.0.0.1 port={port} dbname=app user=x").close()
-        except psycopg.OperationalError:
-            return False
-        return True
-
-    try:
-        wait_until(accepting, 15, lambda: f"pgbouncer accepting:\n{log.read_text()}")
-        yield port
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        shutil.rmtree(workdir, ignore_errors=True)
+def _with_poolers(one_target: OneTarget, dsn: str, *poolers: dict[str, Any]) -> Config:
+    config = one_target(dsn)
+    config["targets"][0]["poolers"] = list(poolers)
+    return config
 
 
-def test_a_lock_leaked_on_a_pooled_connection_is_seen(
-    pgbouncer: int, start_exporter: StartExporter, one_target: OneTarget, monitor_dsn: str
+def _console(bouncer: PgBouncer, tmp_path: Path, name: str = "pgbouncer") -> dict[str, Any]:
+    password = tmp_path / "pgbouncer-password"
+    password.write_text(STATS_PASSWORD + "\n")
+    return {"name": name, "admin_dsn": bouncer.admin_dsn(with_password=False),
+            "password_file": str(password)}  # fmt: skip
+
+
+def _strand(bouncer: PgBouncer, key: int, application_name: str = "nightly-job") -> None:
+    """A job takes a session lock through the transaction pool and finishes: its client
+    disconnects, but the server connection, with the lock, goes back to the pool."""
+    with psycopg.connect(bouncer.dsn(), autocommit=True, application_name=application_name) as job:
+        job.execute("SELECT pg_advisory_lock(%s)", (key,))
+
+
+def _stranded(scrape: Scrape, **labels: str) -> float:
+    return sum(value for _, value in scrape.find(STRANDED, **labels))
+
+
+def test_a_session_lock_stranded_in_a_transaction_pool_is_counted_with_its_pool(
+    pgbouncer: PgBouncer,
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    tmp_path: Path,
 ) -> None:
-    through_pooler = f"host=127.0.0.1 port={pgbouncer} dbname=app user=x"
-    # The job takes a session lock through the pooler and finishes: its client disconnects,
-    # but the server connection, with the lock, goes back to the pool.
-    with psycopg.connect(through_pooler, autocommit=True, application_name="nightly-job") as job:
-        job.execute("SELECT pg_advisory_lock(777)")
-    exporter = start_exporter(config=one_target(monitor_dsn))
+    config = _with_poolers(one_target, monitor_dsn, _console(pgbouncer, tmp_path))
+    exporter = start_exporter(config=config)
+    # Read and found clean: a 0, so that the series' absence would mean "not watched".
+    scrape = exporter.scrape_until(lambda s: bool(s.find("pg_advisory_pooler_up")))
+    assert scrape.value("pg_advisory_pooler_up", target="main", pooler="pgbouncer") == 1
+    clean = {"target": "main", "datname": "", "application_name": "", "pooler": "pgbouncer"}
+    assert scrape.find(STRANDED) == [({**clean, "pool": ""}, 0.0)]  # Prometheus drops ""
 
+    _strand(pgbouncer, 777)
     labels = {"target": "main", "datname": "postgres", "application_name": "nightly-job"}
-    scrape = exporter.scrape()
+    stranded = {**labels, "pooler": "pgbouncer", "pool": TRANSACTION}
+    scrape = exporter.scrape_until(lambda s: _stranded(s, **stranded) == 1)
     assert scrape.value("pg_advisory_holders", **labels, state="idle") == 1
-    assert scrape.find("pg_advisory_idle_holder_max_seconds", **labels, state="idle")
+    assert not scrape.find(STRANDED, pooler="pgbouncer", datname="")  # no 0 beside it
 
     # The next client handed that server connection "gets" the lock too: the seed's double
-    # run. The exporter still sees one idle holder, now under the new client's name, and a
-    # leak age that restarted with its statement.
-    with psycopg.connect(through_pooler, autocommit=True, application_name="nightly-job-2") as late:
-        row = late.execute("SELECT pg_try_advisory_lock(777)").fetchone()
-        assert row == (True,)
-    second = {**labels, "application_name": "nightly-job-2"}
-    scrape = exporter.scrape_until(
-        lambda s: any(
-            age >= 1.0
-            for _, age in s.find("pg_advisory_idle_holder_max_seconds", **second, state="idle")
+    # run. The lock is still stranded, now under the new client's name.
+    with psycopg.connect(
+        pgbouncer.dsn(), autocommit=True, application_name="nightly-job-2"
+    ) as late:
+        assert late.execute("SELECT pg_try_advisory_lock(777)").fetchone() == (True,)
+    second = {**stranded, "application_name": "nightly-job-2"}
+    # More collections than psycopg's prepare threshold (5): the console takes no prepared
+    # statements, and a collection that prepared one would lose the pooler.
+    for _ in range(8):
+        scrape = exporter.scrape()
+    assert _stranded(scrape, **second) == 1
+    assert scrape.value("pg_advisory_pooler_up", target="main", pooler="pgbouncer") == 1
+    assert "cannot read the pooler" not in exporter.log()
+
+
+def test_a_session_lock_through_a_session_pool_is_not_stranded(
+    pgbouncer: PgBouncer,
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    tmp_path: Path,
+) -> None:
+    # A session pool gives the client the server connection until it disconnects: its
+    # session lock is its own, held while idle, and not stranded.
+    with psycopg.connect(
+        pgbouncer.dsn(SESSION_POOL), autocommit=True, application_name="session-job"
+    ) as job:
+        job.execute("SELECT pg_advisory_lock(778)")
+        config = _with_poolers(one_target, monitor_dsn, _console(pgbouncer, tmp_path))
+        exporter = start_exporter(config=config)
+        holder = {"target": "main", "datname": "postgres", "application_name": "session-job"}
+        scrape = exporter.scrape_until(
+            lambda s: (
+                bool(s.find("pg_advisory_holders", **holder))
+                and bool(s.find("pg_advisory_pooler_up"))
+            )
         )
+        assert scrape.value("pg_advisory_pooler_up", target="main", pooler="pgbouncer") == 1
+        assert scrape.find(STRANDED, application_name="session-job") == []
+        assert _stranded(scrape, pooler="pgbouncer") == 0
+        # The same lock through the transaction pool is stranded: the pools differ only in
+        # their mode.
+        _strand(pgbouncer, 779, application_name="tx-job")
+        scrape = exporter.scrape_until(lambda s: _stranded(s, application_name="tx-job") == 1)
+        assert scrape.find(STRANDED, application_name="session-job") == []
+
+
+def test_a_pooler_that_is_down_leaves_the_server_series(
+    pgbouncer: PgBouncer,
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    tmp_path: Path,
+) -> None:
+    nobody = {"name": "gone", "admin_dsn": f"host=127.0.0.1 port={free_port()} dbname=pgbouncer"}
+    config = _with_poolers(one_target, monitor_dsn, _console(pgbouncer, tmp_path), nobody)
+    _strand(pgbouncer, 780)
+    exporter = start_exporter(config=config)
+    scrape = exporter.scrape_until(lambda s: _stranded(s, pooler="pgbouncer") == 1)
+    assert scrape.value("pg_advisory_up", target="main") == 1
+    assert scrape.value("pg_advisory_pooler_up", target="main", pooler="gone") == 0
+    assert scrape.find(STRANDED, pooler="gone") == []  # not watched: no series at all
+
+    pgbouncer.stop()  # the server connection, and its lock, go with it
+    scrape = exporter.scrape_until(
+        lambda s: s.value("pg_advisory_pooler_up", target="main", pooler="pgbouncer") == 0
     )
-    assert scrape.value("pg_advisory_holders", **second, state="idle") == 1
-    assert scrape.value("pg_advisory_locks", **second, mode="exclusive", granted="true") == 1
-    assert scrape.value("pg_advisory_idle_holder_max_seconds", **second, state="idle") >= 1.0
-    assert scrape.find("pg_advisory_holders", application_name="nightly-job") == []
+    assert scrape.value("pg_advisory_up", target="main") == 1
+    assert scrape.find("pg_advisory_lock_table_entries", target="main")
+    assert scrape.find(STRANDED) == []
+    assert "cannot read the pooler" in exporter.log()
+
+
+def test_a_pooler_known_by_its_addresses(
+    pgbouncer: PgBouncer,
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+) -> None:
+    # Without the console: every backend whose client is 127.0.0.1 is the pooler's (here,
+    # where every client is local, that includes direct sessions: it is the user's word).
+    by_address = {"name": "by-address", "addresses": ["127.0.0.1/32", "localhost"],
+                  "pool_mode": "transaction"}  # fmt: skip
+    exporter = start_exporter(config=_with_poolers(one_target, monitor_dsn, by_address))
+    _strand(pgbouncer, 781)
+    labels = {"target": "main", "datname": "postgres", "application_name": "nightly-job"}
+    scrape = exporter.scrape_until(lambda s: _stranded(s, **labels, pooler="by-address") == 1)
+    assert scrape.value("pg_advisory_pooler_up", target="main", pooler="by-address") == 1
+    assert scrape.find(STRANDED, pooler="by-address")[0][0]["pool"] == ""

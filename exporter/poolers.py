@@ -1,0 +1,333 @@
+"""Connection poolers in front of a target: which server backends each pool owns, and in what
+mode, read from PgBouncer's admin console or known from the poolers' addresses."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from .config import CollectionSettings, PoolerConfig, redact
+from .connection import APPLICATION_NAME, interrupt
+from .scheduling import Watchdog
+
+log = logging.getLogger(__name__)
+
+# The admin console's commands, read by column name: columns are added between releases
+# (1.23 inserted `replication` into SHOW SERVERS) and renamed (1.24's reserve_pool_size).
+# SHOW SERVERS maps each server connection to its backend: remote_pid, and local_addr and
+# local_port, the backend's client_addr and client_port. SHOW POOLS says each pool's mode in
+# effect; SHOW DATABASES (NULL: the default) and SHOW CONFIG are read only where it lacks it.
+SHOW_SERVERS = "SHOW SERVERS"
+SHOW_POOLS = "SHOW POOLS"
+SHOW_DATABASES = "SHOW DATABASES"
+SHOW_CONFIG = "SHOW CONFIG"
+
+# The modes in which a server connection passes from client to client between transactions
+# (or statements): a session-level lock left on it outlives the client that took it.
+SHARING_MODES = frozenset({"transaction", "statement"})
+_RESOLVED_FOR = 60.0  # seconds a pooler's host name stays resolved
+
+
+@dataclass(frozen=True)
+class PooledBackend:
+    """What owns a server backend: a pooler, its pool (database/user; empty where the pooler
+    is known only by address) and the pool's mode."""
+
+    pooler: str
+    pool: str
+    pool_mode: str
+
+    @property
+    def shared(self) -> bool:
+        """Handed from client to client between transactions or statements."""
+        return self.pool_mode in SHARING_MODES
+
+
+@dataclass(frozen=True)
+class _Server:
+    backend: PooledBackend
+    local_port: int | None
+
+
+@dataclass(frozen=True)
+class PoolerView:
+    """One pooler as one read found it; `error` is None when it could be read."""
+
+    name: str
+    error: str | None = None
+    by_pid: Mapping[int, _Server] = field(default_factory=dict)
+    by_socket: Mapping[tuple[str, int], _Server] = field(default_factory=dict)
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    pool_mode: str = ""  # of every backend from `networks`
+
+    @property
+    def up(self) -> bool:
+        return self.error is None
+
+    def owner(
+        self, pid: int, client_addr: str | None, client_port: int | None
+    ) -> PooledBackend | None:
+        """The pool that owns the backend `pid`, whose client is client_addr:client_port.
+
+        A pid alone could be another server's, where one pooler fronts several: the port the
+        pooler's connection left from must then be the backend's client port, where both
+        sides show it.
+        """
+        server = self.by_pid.get(pid)
+        if server is not None:
+            if client_port is None or server.local_port is None or server.local_port == client_port:
+                return server.backend
+            return None
+        if client_addr is None:
+            return None
+        if client_port is not None:
+            server = self.by_socket.get((client_addr, client_port))
+            if server is not None:
+                return server.backend
+        if self.networks:
+            address = ipaddress.ip_address(client_addr)
+            if any(address in network for network in self.networks):
+                return PooledBackend(self.name, "", self.pool_mode)
+        return None
+
+
+def owner(
+    views: Iterable[PoolerView], pid: int, client_addr: str | None, client_port: int | None
+) -> PooledBackend | None:
+    """The first pooler that owns the backend, if any does."""
+    for view in views:
+        if view.up:
+            found = view.owner(pid, client_addr, client_port)
+            if found is not None:
+                return found
+    return None
+
+
+def _rows(conn: psycopg.Connection[Any], command: str) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(command).fetchall()
+
+
+def _pool(row: Mapping[str, Any]) -> tuple[str, str]:
+    return str(row.get("database") or ""), str(row.get("user") or "")
+
+
+def console_view(name: str, conn: psycopg.Connection[Any]) -> PoolerView:
+    """Read the admin console once. A column a version lacks is done without: the mode
+    falls back from SHOW POOLS to SHOW DATABASES to the global pool_mode, and a server
+    without remote_pid is matched by the port its connection left from."""
+    servers = _rows(conn, SHOW_SERVERS)
+    modes = {_pool(row): row.get("pool_mode") for row in _rows(conn, SHOW_POOLS)}
+    if any(not modes.get(_pool(row)) for row in servers):
+        databases = {row.get("name"): row.get("pool_mode") for row in _rows(conn, SHOW_DATABASES)}
+        default = next(
+            (row.get("value") for row in _rows(conn, SHOW_CONFIG) if row.get("key") == "pool_mode"),
+            "session",
+        )
+        for row in servers:
+            pool = _pool(row)
+            if not modes.get(pool):
+                modes[pool] = databases.get(pool[0]) or default
+    by_pid: dict[int, _Server] = {}
+    by_socket: dict[tuple[str, int], _Server] = {}
+    for row in servers:
+        database, user = _pool(row)
+        local_port = row.get("local_port")
+        server = _Server(
+            PooledBackend(name, f"{database}/{user}", str(modes.get((database, user)))),
+            int(local_port) if local_port else None,
+        )
+        # 0 while the connection logs in; a random number (negative up to 1.20) where the
+        # server is another PgBouncer, whose pids could never match anyway.
+        if (row.get("remote_pid") or 0) > 0:
+            by_pid[int(row["remote_pid"])] = server
+        if row.get("local_addr") and local_port:
+            by_socket[str(row["local_addr"]), int(local_port)] = server
+    return PoolerView(name, by_pid=by_pid, by_socket=by_socket)
+
+
+def _resolve(host: str) -> list[str]:
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+class _Addresses:
+    """A pooler's addresses as networks; host names resolved at most once a minute, in a
+    thread of their own so that a slow resolver costs a collection no more than its wait."""
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        self._hosts: list[str] = []
+        for address in addresses:
+            try:
+                self._networks.append(ipaddress.ip_network(address, strict=False))
+            except ValueError:
+                self._hosts.append(address)
+        self._resolved: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+        self._resolved_at = -math.inf
+        self._pending: Future[list[str]] | None = None
+
+    def networks(
+        self, seconds: float
+    ) -> tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], str | None]:
+        """The networks, and an error if a host name could not be resolved in `seconds`."""
+        error = None
+        if self._hosts and time.monotonic() - self._resolved_at > _RESOLVED_FOR:
+            if self._pending is None:
+                self._pending = Future()
+                threading.Thread(
+                    target=self._run, args=(self._pending,), name="resolve", daemon=True
+                ).start()
+            pending = self._pending
+            try:
+                found = pending.result(timeout=max(seconds, 0.0))
+            except TimeoutError:
+                error = "resolving its host names took too long"
+            except OSError as exc:
+                self._pending = None
+                error = f"cannot resolve its host names: {exc.strerror or exc}"
+            else:
+                self._pending = None
+                self._resolved = tuple(ipaddress.ip_network(a) for a in found)
+                self._resolved_at = time.monotonic()
+        return (*self._networks, *self._resolved), error
+
+    def _run(self, pending: Future[list[str]]) -> None:
+        try:
+            pending.set_result([a for host in self._hosts for a in _resolve(host)])
+        except OSError as exc:
+            pending.set_exception(exc)
+
+
+class _Console:
+    """The one connection kept to a pooler's admin console.
+
+    Its reader is the target's collection, one at a time. Other threads (a deadline, a
+    reload that removes the target) never close it under a read: they interrupt it, and the
+    reader closes it.
+    """
+
+    def __init__(self, config: PoolerConfig, settings: CollectionSettings) -> None:
+        self.config = config
+        self._settings = settings
+        self._lock = threading.Lock()  # guards the fields below it
+        self._conn: psycopg.Connection[Any] | None = None
+        self._reading = False
+        self._closed = False
+        self._conninfo = config.admin_dsn or ""
+
+    def read(self) -> PoolerView:
+        with self._lock:
+            if self._closed:
+                return PoolerView(self.config.name, error="the target was removed")
+            self._reading, conn = True, self._conn
+        try:
+            if conn is None:
+                self._conninfo = self.config.conninfo()
+                conn = psycopg.connect(
+                    self._conninfo,
+                    autocommit=True,  # the console runs no transactions
+                    # The console takes only the simple query protocol (up to 1.25 at least);
+                    # psycopg would prepare a statement it runs a fifth time.
+                    prepare_threshold=None,
+                    application_name=APPLICATION_NAME,
+                    connect_timeout=max(2, math.ceil(self._settings.connect_timeout)),
+                )
+                with self._lock:
+                    self._conn = conn
+            return console_view(self.config.name, conn)
+        except (psycopg.Error, ValueError) as exc:
+            self.drop()
+            return PoolerView(self.config.name, error=redact(str(exc).strip(), self._conninfo))
+        finally:
+            with self._lock:
+                self._reading = False
+                closed = self._closed
+            if closed:
+                self.drop()
+
+    def interrupt(self) -> None:
+        with self._lock:
+            conn = self._conn
+        if conn is not None:
+            interrupt(conn)
+
+    def drop(self) -> None:
+        """Close the connection (by its reader, or when nobody reads)."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        """No more reads; one under way is interrupted, and its reader closes the connection."""
+        with self._lock:
+            self._closed = True
+            reading = self._reading
+        if reading:
+            self.interrupt()
+        else:
+            self.drop()
+
+
+class Poolers:
+    """A target's poolers, read within what is left of one collection's time."""
+
+    def __init__(self, configs: Sequence[PoolerConfig], settings: CollectionSettings) -> None:
+        self._consoles = {c.name: _Console(c, settings) for c in configs if c.admin_dsn}
+        self._addresses = {c.name: _Addresses(c.addresses) for c in configs if c.addresses}
+        self._configs = tuple(configs)
+
+    def __bool__(self) -> bool:
+        return bool(self._configs)
+
+    def read(self, watchdog: Watchdog, seconds: float) -> tuple[PoolerView, ...]:
+        """Each pooler's view; one not read within `seconds` (in all) is reported down and
+        its connection closed, so that it never holds up the target's series."""
+        deadline = time.monotonic() + seconds
+        views = []
+        for config in self._configs:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                views.append(PoolerView(config.name, error="no time left in the collection"))
+            elif config.name in self._consoles:
+                views.append(self._read_console(self._consoles[config.name], watchdog, left))
+            else:
+                networks, error = self._addresses[config.name].networks(left)
+                mode = config.pool_mode or ""
+                views.append(PoolerView(config.name, error, networks=networks, pool_mode=mode))
+        return tuple(views)
+
+    def _read_console(self, console: _Console, watchdog: Watchdog, seconds: float) -> PoolerView:
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            console.interrupt()
+
+        alarm = watchdog.arm(seconds, expire)
+        try:
+            view = console.read()
+        finally:
+            watchdog.disarm(alarm)
+        if expired.is_set():
+            console.drop()
+            return PoolerView(console.config.name, error=f"no answer within {seconds:.1f}s")
+        return view
+
+    def close(self) -> None:
+        for console in self._consoles.values():
+            console.close()
