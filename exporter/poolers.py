@@ -38,6 +38,7 @@ SHOW_CONFIG = "SHOW CONFIG"
 # (or statements): a session-level lock left on it outlives the client that took it.
 SHARING_MODES = frozenset({"transaction", "statement"})
 _RESOLVED_FOR = 60.0  # seconds a pooler's host name stays resolved
+_FIRST_BACKOFF = 1.0  # seconds before a console that failed is tried again; doubles
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,33 @@ class _Console:
         self._reading = False
         self._closed = False
         self._conninfo = config.admin_dsn or ""
+        # Used by the reader only: after a failure, the console is not tried again until
+        # the backoff has passed (the failure is the answer meanwhile), as for a server.
+        self._failure: PoolerView | None = None
+        self._backoff = 0.0
+        self._retry_at = 0.0
 
     def read(self) -> PoolerView:
+        if self._failure is not None and time.monotonic() < self._retry_at:
+            return self._failure
+        view = self._read()
+        if view.up:
+            self._failure, self._backoff = None, 0.0
+        else:
+            self._failure = view
+            self._backoff = min(
+                max(self._backoff * 2, _FIRST_BACKOFF), self._settings.reconnect_backoff_max
+            )
+            self._retry_at = time.monotonic() + self._backoff
+        return view
+
+    def expired(self, seconds: float) -> PoolerView:
+        """The read was interrupted at its deadline: report it, and back off like a failure."""
+        self.drop()
+        self._failure = PoolerView(self.config.name, error=f"no answer within {seconds:.1f}s")
+        return self._failure
+
+    def _read(self) -> PoolerView:
         with self._lock:
             if self._closed:
                 return PoolerView(self.config.name, error="the target was removed")
@@ -323,10 +349,7 @@ class Poolers:
             view = console.read()
         finally:
             watchdog.disarm(alarm)
-        if expired.is_set():
-            console.drop()
-            return PoolerView(console.config.name, error=f"no answer within {seconds:.1f}s")
-        return view
+        return console.expired(seconds) if expired.is_set() else view
 
     def close(self) -> None:
         for console in self._consoles.values():

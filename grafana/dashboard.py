@@ -73,14 +73,14 @@ def _target(ref_id: str, query: Query) -> prometheus.Dataquery:
     )
 
 
-def _thresholds(*steps: tuple[float, str]) -> dashboard.ThresholdsConfig:
-    """Green below the first step; each (value, colour) from its value up."""
+def _thresholds(*steps: tuple[float, str], base: str = "green") -> dashboard.ThresholdsConfig:
+    """`base` below the first step; each (value, colour) from its value up."""
     return (
         dashboard.ThresholdsConfig()
         .mode(model.ThresholdsMode.ABSOLUTE)
         .steps(
             [
-                model.Threshold(value=None, color="green"),
+                model.Threshold(value=None, color=base),
                 *(model.Threshold(value=value, color=color) for value, color in steps),
             ]
         )
@@ -94,8 +94,12 @@ def _stat(
     query: Query,
     *steps: tuple[float, str],
     no_value: str = "No data",
+    base: str = "green",
+    width: int = 4,
+    height: int = 4,
 ) -> stat.Panel:
-    """One number, its last value over the time range, coloured by `steps`."""
+    """One number per series, its last value over the time range, coloured by `steps` (and
+    `base` below the first)."""
     return (
         stat.Panel()
         .title(title)
@@ -105,10 +109,10 @@ def _stat(
         .with_target(_target("A", query))
         .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]))
         .graph_mode(common_model.BigValueGraphMode.AREA)
-        .thresholds(_thresholds(*steps))
+        .thresholds(_thresholds(*steps, base=base))
         .no_value(no_value)
-        .span(4)
-        .height(4)
+        .span(width)
+        .height(height)
     )
 
 
@@ -217,6 +221,7 @@ def _overview() -> list[PanelBuilder]:
             "means Prometheus does not scrape the exporter: check its pod and scrape job.",
             "short",
             Query(f"sum({sel('pg_advisory_up')})", "up"),
+            width=3,
         ),
         _stat(
             "Targets down",
@@ -226,6 +231,7 @@ def _overview() -> list[PanelBuilder]:
             "short",
             Query(f"sum(1 - {sel('pg_advisory_up')})", "down"),
             (1, "red"),
+            width=3,
         ),
         _stat(
             f"Holders idle > {leaked_after}",
@@ -242,6 +248,22 @@ def _overview() -> list[PanelBuilder]:
             no_value="0",
         ),
         _stat(
+            "Stranded session locks",
+            "Session-level advisory lock entries held on server connections that a "
+            "transaction- or statement-mode PgBouncer pool owns: the client that took them no "
+            "longer owns the connection, the next client handed it holds them too, and every "
+            "other session fails to get them. Any pages as "
+            "PgAdvisorySessionLockInTransactionPool in about "
+            f"{prometheus_duration(ALERTS.pooled_session_lock_for)}. The Poolers row names the "
+            "application and pool, the target's locks page the backend; as the runbook says, "
+            "end that backend, then move the job to transaction-level locks, a session-mode "
+            "pool or a direct connection.",
+            "short",
+            Query(f"sum({sel('pg_advisory_pooled_session_locks')})", "stranded"),
+            (1, "red"),
+            no_value="0",
+        ),
+        _stat(
             "Waiters",
             "Sessions waiting for an advisory lock now. A few for a moment is normal; a steady "
             "number means work queues behind one holder: see Longest wait by application.",
@@ -249,6 +271,7 @@ def _overview() -> list[PanelBuilder]:
             Query(f"sum({sel('pg_advisory_waiters')})", "waiters"),
             (ALERTS.waiters, "orange"),
             no_value="0",
+            width=3,
         ),
         _stat(
             "Longest wait",
@@ -259,6 +282,7 @@ def _overview() -> list[PanelBuilder]:
             Query(f"max({sel('pg_advisory_wait_max_seconds')})", "longest wait"),
             (ALERTS.wait_after, "orange"),
             no_value="0",
+            width=3,
         ),
         _stat(
             "Lock table use",
@@ -337,6 +361,109 @@ def _holders_and_waiters() -> list[PanelBuilder]:
             "s",
             [Query(f"max by ({GROUP}) ({sel('pg_advisory_wait_max_seconds')})", OF_APPLICATION)],
             limit=ALERTS.wait_after,
+        ),
+        _locks_pages(),
+    ]
+
+
+def _locks_pages() -> table.Panel:
+    """Each target's /locks page, one clickable row per target."""
+    link = "Locks page"
+    return (
+        table.Panel()
+        .title("Locks pages: holders and waiters now")
+        .description(
+            "The exporter's /locks page of each server, read when opened: every advisory lock "
+            "holder and waiter with its pid, key, registry name, state, pooler and who blocks "
+            "whom, which the panels above only count. Listed where the exporter runs with "
+            "--web.external-url."
+        )
+        .unit("short")
+        .datasource(DATASOURCE)
+        .with_target(
+            prometheus.Dataquery()
+            .ref_id("A")
+            .datasource(DATASOURCE)
+            .expr(f"max by (target, url) ({sel('pg_advisory_exporter_locks_page_info')})")
+            .format(PromQueryFormat.TABLE)
+            .instant()
+        )
+        .with_transformation(
+            model.DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True, "Value": True},
+                    "indexByName": {"target": 0, "url": 1},
+                    "renameByName": {"target": "Target", "url": link},
+                },
+            )
+        )
+        .sort_by([common.TableSortByFieldState().display_name("Target")])
+        .override_by_name(
+            link,
+            [
+                model.DynamicConfigValue(
+                    id_val="links",
+                    value=[
+                        {
+                            "title": "Holders and waiters of ${__data.fields.target}",
+                            "url": "${__value.raw}",
+                            "targetBlank": True,
+                        }
+                    ],
+                )
+            ],
+        )
+        .span(24)
+        .height(5)
+    )
+
+
+def _poolers() -> list[PanelBuilder]:
+    pool_group = f"{GROUP}, pooler, pool"
+    return [
+        _timeseries(
+            "Session locks stranded in transaction pools",
+            "Session-level advisory lock entries held on server connections of a transaction- "
+            "or statement-mode pool, per application and pool: the next client handed the "
+            "connection holds them too. 0 per pooler read and found clean. Above 0 "
+            "PgAdvisorySessionLockInTransactionPool pages after "
+            f"{prometheus_duration(ALERTS.pooled_session_lock_for)}: end the backend as the "
+            "runbook says, and take the lock per transaction or through a session-mode pool.",
+            "short",
+            [
+                Query(
+                    f"sum by ({pool_group}) ({sel('pg_advisory_pooled_session_locks')})",
+                    "{{application_name}} in pool {{pool}} of {{pooler}}, " + IN_DATABASE,
+                )
+            ],
+            limit=1,
+            width=16,
+        ),
+        _stat(
+            "Poolers up",
+            "Whether the exporter could read each pooler (its admin console, or known by "
+            "address) at its last collection. A pooler that cannot be read leaves the "
+            "server's series intact, but session locks stranded behind it go unseen; the "
+            "exporter's log says why.",
+            "short",
+            Query(
+                f"max by (target, pooler) ({sel('pg_advisory_pooler_up')})",
+                "{{pooler}} of {{target}}",
+            ),
+            (1, "green"),
+            base="red",
+            width=8,
+            height=8,
+        ).mappings(
+            [
+                model.ValueMap(
+                    options={
+                        "0": model.ValueMappingResult(text="down", color="red", index=0),
+                        "1": model.ValueMappingResult(text="up", color="green", index=1),
+                    }
+                )
+            ]
         ),
     ]
 
@@ -506,6 +633,7 @@ def _variables() -> list[dashboard.QueryVariable]:
 ROWS = (
     ("Overview", _overview),
     ("Who holds, who waits", _holders_and_waiters),
+    ("Poolers", _poolers),
     ("Lock table", _lock_table),
     ("Registered keys", _registered_keys),
     ("Exporter", _exporter),

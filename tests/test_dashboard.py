@@ -336,7 +336,15 @@ def test_every_query_returns_series_from_a_real_prometheus(
     start_service: StartService,
     tmp_path: Path,
 ) -> None:
-    exporter = start_exporter(config={**one_target(monitor_dsn, name="orders"), "keys": REGISTRY})
+    config = one_target(monitor_dsn, name="orders")
+    # Every client here connects from 127.0.0.1: a transaction pooler known by that address
+    # makes the seeded idle session-lock holders stranded locks.
+    config["targets"][0]["poolers"] = [
+        {"name": "pgbouncer", "addresses": ["127.0.0.1/32"], "pool_mode": "transaction"}
+    ]
+    exporter = start_exporter(
+        "--web.external-url", "http://exporter.example.com", config={**config, "keys": REGISTRY}
+    )
     with seed_scenarios(session):
         exporter.scrape_until(lambda s: sum(v for _, v in s.find("pg_advisory_waiters")) == 1)
         prometheus = _start_prometheus(start_service, tmp_path, exporter)

@@ -3,6 +3,7 @@ pool, through a real PgBouncer (tests/pgbouncer.py), seen by the real exporter."
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,33 @@ def test_a_pooler_known_by_its_addresses(
     scrape = exporter.scrape_until(lambda s: _stranded(s, **labels, pooler="by-address") == 1)
     assert scrape.value("pg_advisory_pooler_up", target="main", pooler="by-address") == 1
     assert scrape.find(STRANDED, pooler="by-address")[0][0]["pool"] == ""
+
+
+def test_a_frozen_pooler_costs_a_scrape_no_more_than_its_deadline(
+    pgbouncer: PgBouncer,
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    tmp_path: Path,
+) -> None:
+    config = _with_poolers(one_target, monitor_dsn, _console(pgbouncer, tmp_path))
+    config["collection"].update(connect_timeout="2s", statement_timeout="1s")  # a 4s deadline
+    exporter = start_exporter(config=config)
+    exporter.scrape_until(lambda s: s.find("pg_advisory_pooler_up", pooler="pgbouncer") != [])
+    assert pgbouncer.process is not None
+    pgbouncer.process.send_signal(signal.SIGSTOP)  # connected, and answering nothing
+    try:
+        took, scrape = exporter.timed_scrape()
+        assert took < 4.0
+        assert scrape.value("pg_advisory_up", target="main") == 1
+        assert scrape.value("pg_advisory_pooler_up", target="main", pooler="pgbouncer") == 0
+        # Backing off: the next scrapes do not wait for it again.
+        took, scrape = exporter.timed_scrape()
+        assert took < 1.0
+        assert scrape.value("pg_advisory_pooler_up", target="main", pooler="pgbouncer") == 0
+    finally:
+        pgbouncer.process.send_signal(signal.SIGCONT)
+    scrape = exporter.scrape_until(
+        lambda s: s.value("pg_advisory_pooler_up", target="main", pooler="pgbouncer") == 1
+    )
+    assert "no answer within" in exporter.log()

@@ -24,9 +24,13 @@ def test_the_file_example_is_valid(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("pw")
     for data in files:
-        for target in data["targets"]:  # the example's secret files exist only in production
-            if "password_file" in target:
-                target["password_file"] = str(secret)
+        # The example's secret files exist only in production.
+        for owner in [
+            *data["targets"],
+            *(p for t in data["targets"] for p in t.get("poolers", ())),
+        ]:
+            if "password_file" in owner:
+                owner["password_file"] = str(secret)
         FileConfig.model_validate(data)
 
 

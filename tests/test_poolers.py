@@ -1,0 +1,194 @@
+"""Poolers without a server: their configuration, which backends they own, and the stranded
+locks counted from a snapshot. tests/test_pgbouncer.py does the same with a real PgBouncer."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support import IDLE, snapshot_of
+
+from pg_advisory_exporter.config import ConfigFileSettings, Overrides, load
+from pg_advisory_exporter.metrics import Sample, server_samples
+from pg_advisory_exporter.poolers import PooledBackend, Poolers, PoolerView, _Server, owner
+from pg_advisory_exporter.scheduling import Watchdog
+from pg_advisory_exporter.schema import ConfigError
+
+DSN = "postgresql://monitor@db.example:5432/postgres"
+CONSOLE = "host=pgbouncer.example port=6432 dbname=pgbouncer user=stats"
+
+
+def _load(tmp_path: Path, *poolers: dict[str, Any], **target: Any) -> Any:
+    path = tmp_path / "config.yaml"
+    document = {"targets": [{"name": "main", "dsn": DSN, "poolers": list(poolers), **target}]}
+    path.write_text(yaml.safe_dump(document))
+    return load(Overrides(), Overrides(config=ConfigFileSettings(file=path)))
+
+
+@pytest.mark.parametrize(
+    ("pooler", "problem"),
+    [
+        ({"name": "a"}, "give exactly one of admin_dsn or addresses"),
+        (
+            {"name": "a", "admin_dsn": CONSOLE, "addresses": ["10.0.0.1"]},
+            "give exactly one of admin_dsn or addresses",
+        ),
+        ({"name": "a", "addresses": ["10.0.0.0/24"]}, "addresses need pool_mode"),
+        (
+            {"name": "a", "admin_dsn": CONSOLE, "pool_mode": "transaction"},
+            "pool_mode goes with addresses",
+        ),
+        (
+            {"name": "a", "addresses": ["10.0.0.0/33"], "pool_mode": "session"},
+            "'10.0.0.0/33' is not an IP address, a CIDR (10.0.0.0/24) or a host name",
+        ),
+        (
+            {"name": "a", "addresses": ["pgbouncer_1"], "pool_mode": "session"},
+            "'pgbouncer_1' is not an IP address",
+        ),
+        ({"name": "a", "addresses": ["x"], "pool_mode": "sessions"}, "pool_mode: Input should"),
+        ({"name": "a", "admin_dsn": "host=x port=y"}, "port 'y' is not a number"),
+        ({"name": "a b", "admin_dsn": CONSOLE}, "name: String should match pattern"),
+        (
+            {
+                "name": "a",
+                "addresses": ["10.0.0.1"],
+                "pool_mode": "session",
+                "password_file": "/etc/hosts",
+            },
+            "password_file goes with admin_dsn",
+        ),
+        (
+            {"name": "a", "admin_dsn": CONSOLE + " password=x", "password_file": "/etc/hosts"},
+            "either in the DSN or in password_file",
+        ),
+        ({"name": "a", "admin_dsn": CONSOLE, "extra": 1}, "extra: unknown field"),
+    ],
+)
+def test_a_bad_pooler_is_named_with_its_field(
+    tmp_path: Path, pooler: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        _load(tmp_path, pooler)
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'config.yaml'}: targets[0].poolers[0]"), message
+    assert problem in message
+
+
+def test_pooler_names_are_unique_per_target(tmp_path: Path) -> None:
+    twice = {"name": "a", "admin_dsn": CONSOLE}
+    with pytest.raises(ConfigError, match=r"targets\[0\].poolers: .*'a' is used twice"):
+        _load(tmp_path, twice, twice)
+
+
+def test_poolers_and_the_locks_page_settings_load(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    config = _load(
+        tmp_path,
+        {"name": "console", "admin_dsn": CONSOLE, "password_file": str(password)},
+        {"name": "pods", "addresses": ["10.1.0.0/16", "::1", "pgbouncer.example"],
+         "pool_mode": "statement"},
+        locks_page={"query_text": True},
+    )  # fmt: skip
+    target = config.targets[0]
+    console, pods = target.poolers
+    assert "password=s3cret" in console.conninfo()
+    assert pods.addresses == ("10.1.0.0/16", "::1", "pgbouncer.example")
+    assert (target.locks_page.query_text, target.locks_page.query_text_length) == (True, 200)
+    assert target.locks_page.reuse_for == 5.0
+
+
+def _view(*servers: tuple[int, int | None, str], **fields: Any) -> PoolerView:
+    by_pid = {
+        pid: _Server(PooledBackend("pgb", "app/app", mode), port) for pid, port, mode in servers
+    }
+    return PoolerView("pgb", by_pid=by_pid, **fields)
+
+
+def test_a_backend_is_owned_by_pid_confirmed_by_its_client_port() -> None:
+    view = _view((100, 50000, "transaction"))
+    assert view.owner(100, "10.0.0.5", 50000) == PooledBackend("pgb", "app/app", "transaction")
+    assert view.owner(100, None, None) is not None  # nothing to confirm with: the pid decides
+    # One pooler in front of two servers: pid 100 on this server is another connection.
+    assert view.owner(100, "10.0.0.5", 50001) is None
+    assert view.owner(101, "10.0.0.5", 50000) is None
+
+
+def test_a_backend_is_owned_by_its_socket_where_the_pid_is_unknown() -> None:
+    server = _Server(PooledBackend("pgb", "app/app", "transaction"), 50000)
+    view = PoolerView("pgb", by_socket={("10.0.0.5", 50000): server})
+    assert view.owner(7, "10.0.0.5", 50000) == server.backend
+    assert view.owner(7, "10.0.0.5", 50001) is None
+
+
+def test_a_pooler_known_by_address_owns_its_networks() -> None:
+    networks = (ipaddress.ip_network("10.1.0.0/16"), ipaddress.ip_network("::1"))
+    view = PoolerView("pods", networks=networks, pool_mode="transaction")
+    assert view.owner(1, "10.1.200.3", 5) == PooledBackend("pods", "", "transaction")
+    assert view.owner(1, "::1", 5) is not None
+    assert view.owner(1, "10.2.0.1", 5) is None
+    assert view.owner(1, None, None) is None  # a Unix socket
+
+
+def test_the_first_pooler_that_is_up_owns_a_backend() -> None:
+    down = PoolerView("down", error="refused", networks=(ipaddress.ip_network("0.0.0.0/0"),))
+    up = _view((1, None, "session"))
+    assert owner([down, up], 1, "10.0.0.1", 4) == PooledBackend("pgb", "app/app", "session")
+    assert owner([down], 1, "10.0.0.1", 4) is None
+
+
+def _stranded(samples: list[Sample]) -> dict[tuple[str, ...], float]:
+    return {s.labels: s.value for s in samples if s.name == "pg_advisory_pooled_session_locks"}
+
+
+def test_only_certain_session_locks_in_sharing_pools_are_stranded() -> None:
+    idle = replace(IDLE, pid=1, advisory_entries=3)  # outside a transaction: session locks
+    in_tx = replace(IDLE, pid=2, state="active", in_transaction=True)  # cannot be told apart
+    in_session_pool = replace(IDLE, pid=3, application_name="session-job")
+    waiting = replace(
+        IDLE, pid=4, state="active", in_transaction=True, awaited_mode="ExclusiveLock"
+    )
+    direct = replace(IDLE, pid=5, application_name="direct")
+    view = _view(
+        (1, None, "transaction"), (2, None, "transaction"), (3, None, "session"),
+        (4, None, "statement"),
+    )  # fmt: skip
+    snapshot = snapshot_of(idle, in_tx, in_session_pool, waiting, direct)
+    samples = server_samples("main", snapshot, [], 100, poolers=[view]).samples
+    assert _stranded(samples) == {("main", "app", "billing-worker", "pgb", "app/app"): 3}
+    assert [s for s in samples if s.name == "pg_advisory_pooler_up"] == [
+        Sample("pg_advisory_pooler_up", ("main", "pgb"), True)
+    ]
+
+
+def test_a_clean_pooler_says_zero_and_one_that_is_down_says_nothing() -> None:
+    clean = _view()
+    down = PoolerView("gone", error="connection refused")
+    samples = server_samples("main", snapshot_of(IDLE), [], 100, poolers=[clean, down]).samples
+    assert _stranded(samples) == {("main", "", "", "pgb", ""): 0}
+    assert {s.labels: s.value for s in samples if s.name == "pg_advisory_pooler_up"} == {
+        ("main", "pgb"): 1,
+        ("main", "gone"): 0,
+    }
+    # No pooler configured: not watched, no series at all.
+    assert _stranded(server_samples("main", snapshot_of(IDLE), [], 100).samples) == {}
+
+
+def test_an_unresolvable_host_name_is_reported_not_raised(tmp_path: Path) -> None:
+    config = _load(
+        tmp_path, {"name": "pods", "addresses": ["no-such-host.invalid"], "pool_mode": "session"}
+    ).targets[0]
+    assert config.collection is not None
+    poolers = Poolers(config.poolers, config.collection)
+    started = time.monotonic()
+    (view,) = poolers.read(Watchdog(), 5.0)
+    assert time.monotonic() - started < 5.5
+    assert view.error is not None
+    assert "resolv" in view.error
+    assert not view.up
