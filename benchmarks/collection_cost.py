@@ -9,7 +9,8 @@ connections hold `--locks` session-level advisory locks between them, and then m
   pg_locks dominates both, so the ratio is what the collection adds. The statement is timed
   in three configurations: without a key registry (`COLLECT_SQL`), with an 11-key registry
   (the figure of earlier releases), and with the built-in catalog's keys as a server of
-  three databases gets them plus a 10-key registry (what a target has by default);
+  three databases gets them plus a 10-key registry (what a target has by default); and the
+  statement of the `/locks` page, which runs only when a person asks for it;
 - the peak memory (VmHWM) of the real exporter process after `--repeat` scrapes, each of
   which runs a real collection, and the collection time the exporter itself reports.
 
@@ -41,6 +42,7 @@ from psycopg.rows import TupleRow
 
 from pg_advisory_exporter.capacity import lock_table_capacity
 from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
+from pg_advisory_exporter.forensics import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
 from pg_advisory_exporter.registry import KeyConfig, Registry, md5_key
 from pg_advisory_exporter.snapshot import COLLECT_SQL, collect_sql, read_snapshot
 
@@ -56,6 +58,7 @@ COUNT_ADVISORY_SQL = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
 BASELINE_SQL = "SELECT count(*) FROM pg_locks"
 BASELINE_LABEL = "baseline  SELECT count(*) FROM pg_locks"
 COLLECTION_LABEL = "collection, no registry"
+FORENSICS_LABEL = "/locks read (on request only)"
 
 # -- how ------------------------------------------------------------------------------------
 
@@ -195,11 +198,13 @@ def scalar(conn: Connection, sql: str) -> Any:
 
 @dataclass(frozen=True)
 class Configuration:
-    """One way the collection statement is run: a registry's keys, or none."""
+    """One way a statement is run: the collection with a registry's keys, or none; or the
+    /locks page's read, which runs only when a person asks."""
 
     label: str
     keys: int
     sql: str
+    parameters: dict[str, Any] | None = None
 
 
 def configurations() -> list[Configuration]:
@@ -213,6 +218,16 @@ def configurations() -> list[Configuration]:
             f"{len(BENCH_REGISTRY)}-key registry",
             len(BENCH_REGISTRY),
             collect_sql(resolve(BENCH_REGISTRY)),
+        ),
+        Configuration(
+            FORENSICS_LABEL,
+            0,
+            FORENSICS_SQL,
+            {
+                "locks_per_backend": LOCKS_PER_BACKEND,
+                "max_backends": MAX_BACKENDS,
+                "query_text_length": 0,
+            },
         ),
         Configuration(
             f"default catalog ({len(CATALOG_MODEL)}) + {len(USER_REGISTRY)}-key registry",
@@ -273,12 +288,12 @@ def time_statements(conn: Connection, repeat: int) -> Timings:
     """Time the baseline and each configuration, interleaved, `repeat` times each."""
     cur = conn.cursor()
 
-    def runner(sql: str) -> Callable[[], int]:
-        return lambda: len(cur.execute(sql).fetchall())
+    def runner(sql: str, parameters: dict[str, Any] | None = None) -> Callable[[], int]:
+        return lambda: len(cur.execute(sql, parameters).fetchall())
 
     baseline = runner(BASELINE_SQL)
     configs = configurations()
-    runs = [runner(config.sql) for config in configs]
+    runs = [runner(config.sql, config.parameters) for config in configs]
 
     # Interleaved, not one series after the other: this machine has 2 cores shared with
     # noisy neighbours (and our own 100 idle backends, the autovacuum launcher, ...), so

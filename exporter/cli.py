@@ -67,11 +67,18 @@ def _parser() -> argparse.ArgumentParser:
         help="validate the configuration and exit (status 2 if it is invalid)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser(
+    check = commands.add_parser(
         "check",
         parents=[check_flags],
-        help="collect once and print a report: lock table, idle holders, waiters, top "
-        "applications (exit status 1 if a server cannot be reached)",
+        help="collect once and print a report: lock table, waiters and their blockers, "
+        "holders, top applications (exit status 1 if a server cannot be reached)",
+    )
+    check.add_argument(
+        "--format",
+        dest="output",
+        choices=("text", "json"),
+        default="text",
+        help="text for a person, or one JSON document: a list of the targets",
     )
     rules = commands.add_parser(
         "rules",
@@ -198,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     logs.setup(config.log.level, config.log.format)
     if args.command == "check":
-        return run_check(config)
+        return run_check(config, output=args.output)
     return run_daemon(config, reread, web)
 
 

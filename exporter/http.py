@@ -1,4 +1,5 @@
-"""The HTTP endpoints: metrics, /probe for one target, a landing page, health, probes, reload."""
+"""The HTTP endpoints: metrics, /probe and /locks for one target, a landing page, health,
+probes, reload."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import socket
 import ssl
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -23,18 +24,18 @@ from .endpoints import (
     HEALTH_PATH,
     HEALTHY_PATH,
     LANDING_PATH,
+    LOCKS_PATH,
     PROBE_PATH,
     READY_PATH,
     RELOAD_PATH,
 )
+from .forensics import Answer
+from .locks_page import CONTENT_SECURITY_POLICY, error_html, page_html, page_json
 from .scheduling import CollectionPool
 from .target import Target
-from .web_access import WebAccess
+from .web_access import StartResponse, WebAccess, WsgiApp
 
 log = logging.getLogger(__name__)
-
-StartResponse = Callable[..., Any]
-WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 class Exported(Protocol):
@@ -47,6 +48,9 @@ class Exported(Protocol):
     def telemetry_path(self) -> str: ...
 
     @property
+    def external_url(self) -> str | None: ...
+
+    @property
     def lifecycle_enabled(self) -> bool: ...
 
     def targets(self) -> list[Target]: ...
@@ -55,11 +59,14 @@ class Exported(Protocol):
 
     def reload(self) -> str | None: ...
 
+    def locks(self, name: str) -> tuple[Answer, float] | None: ...
+
 
 def _landing_page(telemetry_path: str, targets: Sequence[Target]) -> bytes:
     names = "".join(
         f'<li><code>{html.escape(t.name)}</code> (<a href="{PROBE_PATH}?target='
-        f'{html.escape(t.name)}">probe</a>)</li>'
+        f'{html.escape(quote(t.name))}">probe</a>, <a href="{LOCKS_PATH}?target='
+        f'{html.escape(quote(t.name))}">locks</a>)</li>'
         for t in targets
     )
     return f"""<!DOCTYPE html>
@@ -115,6 +122,39 @@ def _text(start_response: StartResponse, status: str, message: str) -> list[byte
     return [f"{message}\n".encode()]
 
 
+def _wants_json(environ: dict[str, Any], query: dict[str, list[str]]) -> bool | None:
+    """JSON for `format=json` or a client that accepts it and not HTML; None: a bad format."""
+    formats = query.get("format", [])
+    if formats:
+        return {"json": True, "html": False}.get(formats[-1])
+    accept = environ.get("HTTP_ACCEPT", "")
+    return "application/json" in accept and "text/html" not in accept
+
+
+def _locks_answer(
+    start_response: StartResponse, name: str, reply: tuple[Answer, float], as_json: bool
+) -> list[bytes]:
+    answer, age = reply
+    status = "200 OK" if answer.forensics is not None else "503 Service Unavailable"
+    # Who holds what, from where, maybe with query text: no cache may keep it.
+    headers = [("Cache-Control", "no-store"), ("Content-Security-Policy", CONTENT_SECURITY_POLICY)]
+    if as_json:
+        document: dict[str, Any]
+        if answer.forensics is None:
+            document = {"target": name, "error": answer.error}
+        else:
+            document = page_json(answer.forensics, age)
+        body = json.dumps(document, indent=2).encode()
+        start_response(status, [("Content-Type", "application/json"), *headers])
+        return [body]
+    if answer.forensics is None:
+        page = error_html(name, answer.error or "")
+    else:
+        page = page_html(answer.forensics, age)
+    start_response(status, [("Content-Type", "text/html; charset=utf-8"), *headers])
+    return [page.encode()]
+
+
 def make_app(exported: Exported) -> WsgiApp:
     metrics_app = make_wsgi_app(exported.collectors)  # negotiation, gzip and name[] filters
 
@@ -143,8 +183,29 @@ def make_app(exported: Exported) -> WsgiApp:
                 f"target ({known}), never a host or a DSN",
             )
         registry = CollectorRegistry()
-        registry.register(ProbeCollector(target, exported.pool))
+        registry.register(ProbeCollector(target, exported.pool, exported.external_url))
         return exposition(make_wsgi_app(registry), environ, start_response)
+
+    def locks(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        # Read on request only, in this request's thread, at most once per reuse_for: the
+        # daemon's OnDemand answers the requests that come close together from one read.
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        names = query.get("target", [])
+        if len(names) != 1:
+            return _text(start_response, "400 Bad Request", "give one ?target=NAME")
+        as_json = _wants_json(environ, query)
+        if as_json is None:
+            return _text(start_response, "400 Bad Request", "format is json or html")
+        reply = exported.locks(names[0])
+        if reply is None:
+            known = ", ".join(t.name for t in exported.targets())
+            return _text(
+                start_response,
+                "404 Not Found",
+                f"unknown target {names[0]!r}: /locks takes the name of a configured "
+                f"target ({known})",
+            )
+        return _locks_answer(start_response, names[0], reply, as_json)
 
     def reload(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         if not exported.lifecycle_enabled:
@@ -188,6 +249,7 @@ def make_app(exported: Exported) -> WsgiApp:
     routes: dict[str, tuple[tuple[str, ...], WsgiApp]] = {
         exported.telemetry_path: (_READ, metrics),
         PROBE_PATH: (_READ, probe),
+        LOCKS_PATH: (_READ, locks),
         LANDING_PATH: (_READ, landing),
         HEALTH_PATH: (_READ, health),
         HEALTHY_PATH: (_READ, alive),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -228,6 +229,25 @@ class Registry:
         keys = tuple(_locally_resolved(c) or _bigint(c, hashed[c.name]) for c in configs)
         _check_overlaps(keys)
         return cls(with_catalog(keys, catalog, note) if catalog else keys)
+
+    @functools.cached_property
+    def _by_columns(self) -> dict[_Columns, RegisteredKey]:
+        # Built once per registry: a forensics answer names up to tens of thousands of
+        # entries, and the catalog puts keys for every database on each target.
+        return {(k.objsubid, k.classid, k.objid): k for k in reversed(self.keys)}
+
+    def lookup(self, objsubid: int, classid: int, objid: int, datname: str) -> RegisteredKey | None:
+        """The entry that names the lock with these pg_locks columns in database `datname`.
+
+        The same match as the collection's: an exact key, else a namespace (every pair whose
+        first int is classid); an entry restricted to `databases` names it only there.
+        """
+        found = self._by_columns.get((objsubid, classid, objid))
+        if found is None and objsubid == INT_PAIR_KEY:
+            found = self._by_columns.get((objsubid, classid, None))
+        if found is None or (found.config.databases and datname not in found.config.databases):
+            return None
+        return found
 
     def sql_parameters(self) -> dict[str, list[Any]]:
         """The registry as the arrays the collection statement matches locks against.

@@ -1,27 +1,42 @@
-"""`pg-advisory-exporter check`: one collection, printed for a person at a terminal."""
+"""`pg-advisory-exporter check`: one collection and one forensics read of each target, printed
+for a person at a terminal, or as one JSON document."""
 
 from __future__ import annotations
 
+import json
 import sys
-import threading
+import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
-
-import psycopg
 
 from . import catalog
 from .capacity import lock_table_capacity
-from .config import Config, TargetConfig, redact
-from .connection import CannotCollect, interrupt, open_session
-from .metrics import IDLE_STATES, counted_uses, key_groups, state_label
-from .registry import Registry
+from .config import Config, TargetConfig
+from .forensics import (
+    Backend,
+    Forensics,
+    Unanswered,
+    build,
+    new_session,
+    page_settings,
+    read_poolers,
+    read_rows,
+)
+from .locks_page import forensics_json
+from .metrics import key_groups
+from .registry import NO_KEYS, Registry
 from .scheduling import Watchdog
-from .snapshot import BackendLocks, ServerSnapshot, read_snapshot
+from .snapshot import ServerSnapshot, read_snapshot
 
 EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10
-_MOST_ROWS = 20  # of idle holders and of waiters; the report says how many it left out
+_MOST_ROWS = 20  # of holders and of waiters; the report says how many it left out
+_WAITER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "WAITING", "KEY", "NAME", "MODE",
+                   "BLOCKED BY", "QUEUED BEHIND", "CLIENT", "POOLER")  # fmt: skip
+_HOLDER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "STATE", "AGE", "KEY", "NAME", "CLIENT",
+                   "POOLER", "LEVEL")  # fmt: skip
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -51,37 +66,56 @@ def _left_out(count: int, out: TextIO) -> None:
         out.write(f"    ... and {count - _MOST_ROWS} more\n")
 
 
-def _key_level(backend: BackendLocks) -> str:
+def _level(backend: Backend) -> str:
     # Outside a transaction only session-level locks can be held; inside, pg_locks
     # cannot tell the two kinds apart.
-    return "session" if not backend.in_transaction else "session or transaction"
+    return "session" if backend.session_level else "session or transaction"
 
 
-def _keys(backend: BackendLocks) -> str:
-    if backend.held_key is None:
+def _client(backend: Backend) -> str:
+    if backend.client_addr is None:
         return "-"
-    more = backend.held - 1
-    return str(backend.held_key) + (f" (+{more} more)" if more > 0 else "")
+    port = "" if backend.client_port is None else f":{backend.client_port}"
+    return backend.client_addr + port
 
 
-def _registered(backend: BackendLocks, registry: Registry, *, awaited: bool) -> str:
-    names = [
-        key.name
-        for key, use in counted_uses(backend, registry)
-        if (use.awaited if awaited else use.held)
-    ]
-    return ", ".join(names) or "-"
+def _pooler(backend: Backend) -> str:
+    pooled = backend.pooled
+    if pooled is None:
+        return "-"
+    found = " ".join(filter(None, (pooled.pooler, pooled.pool, pooled.pool_mode)))
+    return found + (" STRANDED" if backend.stranded else "")
 
 
-def _header(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) -> None:
+def _keys(backend: Backend) -> tuple[str, str]:
+    """The first key held (with how many more) and its name."""
+    held = backend.held
+    if not held:
+        return "-", "-"
+    more = backend.held_entries - 1
+    return str(held[0].key) + (f" (+{more} more)" if more > 0 else ""), held[0].key_name or "-"
+
+
+def _state(backend: Backend) -> str:
+    # Hidden without pg_read_all_stats; outside any transaction a backend can only be idle.
+    return backend.state or ("idle" if backend.session_level else "unknown")
+
+
+def _pids(pids: Sequence[int]) -> str:
+    return ",".join(map(str, pids)) or "-"
+
+
+def _header(checked: Checked, out: TextIO) -> None:
+    snapshot = checked.snapshot
+    assert snapshot is not None
     capacity = lock_table_capacity(snapshot.capacity_settings)
-    out.write(f"Target {name}: PostgreSQL {snapshot.server_version}\n")
+    out.write(f"Target {checked.name}: PostgreSQL {snapshot.server_version}\n")
     if snapshot.can_read_all_stats:
         out.write("  Privileges: the role can read every session's state\n")
     else:
         out.write(
-            f'  Privileges: MISSING. Run GRANT pg_read_all_stats TO "{role}"; until then states '
-            "inside transactions are unknown and idle ages cannot be read\n"
+            f"  Privileges: MISSING. Run {_grant(checked.role)}; until then states inside "
+            "transactions are unknown and idle ages cannot be read\n"
         )
     use = f"{snapshot.lock_table_entries:,} entries"
     if capacity is not None:
@@ -93,56 +127,88 @@ def _header(name: str, role: str, snapshot: ServerSnapshot, out: TextIO) -> None
     )
 
 
-def _idle_holders(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
-    idle = sorted(
-        (b for b in snapshot.backends if b.held and state_label(b) in IDLE_STATES),
-        key=lambda b: -(b.state_seconds or 0.0),
-    )
-    out.write(f"\n  Idle holders ({len(idle)}): sessions holding advisory locks between queries\n")
-    if idle:
-        _table(
-            [("PID", "DATABASE", "APPLICATION", "STATE", "AGE", "KEY", "REGISTERED", "LEVEL")]
-            + [
-                (
-                    str(b.pid),
-                    b.datname,
-                    repr(b.application_name),
-                    state_label(b),
-                    format_seconds(b.state_seconds),
-                    _keys(b),
-                    _registered(b, registry, awaited=False),
-                    _key_level(b),
-                )
-                for b in idle[:_MOST_ROWS]
-            ],
-            out,
-        )
-        _left_out(len(idle), out)
+def _grant(role: str) -> str:
+    return f'GRANT pg_read_all_stats TO "{role}"'
 
 
-def _waiters(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
-    waiters = sorted(
-        (b for b in snapshot.backends if b.waiting), key=lambda b: -(b.wait_seconds or 0.0)
-    )
-    out.write(f"\n  Waiters ({len(waiters)})\n")
+def _waiters(forensics: Forensics, out: TextIO) -> None:
+    waiters = forensics.waiters
+    out.write(f"\n  Waiters ({len(waiters)}), the longest first\n")
     if waiters:
         _table(
-            [("PID", "DATABASE", "APPLICATION", "WAITING", "KEY", "REGISTERED", "MODE")]
+            [_WAITER_COLUMNS]
             + [
                 (
-                    str(b.pid),
-                    b.datname,
-                    repr(b.application_name),
-                    format_seconds(b.wait_seconds),
-                    str(b.awaited_key) if b.awaited_key else "-",
-                    _registered(b, registry, awaited=True),
-                    (b.awaited_mode or "").removesuffix("Lock").lower(),
+                    str(w.backend.pid),
+                    w.backend.datname,
+                    repr(w.backend.application_name),
+                    format_seconds(w.lock.wait_seconds),
+                    str(w.lock.key),
+                    w.lock.key_name or "-",
+                    w.lock.mode,
+                    _pids(w.blocked_by),
+                    _pids(w.queued_behind),
+                    _client(w.backend),
+                    _pooler(w.backend),
                 )
-                for b in waiters[:_MOST_ROWS]
+                for w in waiters[:_MOST_ROWS]
             ],
             out,
         )
         _left_out(len(waiters), out)
+
+
+def _holders(forensics: Forensics, out: TextIO) -> None:
+    holders = forensics.holders
+    out.write(
+        f"\n  Holders ({len(holders)}): those of awaited keys first, then the longest in "
+        "their state\n"
+    )
+    if holders:
+        _table(
+            [_HOLDER_COLUMNS]
+            + [
+                (
+                    str(b.pid),
+                    b.datname,
+                    repr(b.application_name),
+                    _state(b),
+                    format_seconds(b.state_seconds),
+                    *_keys(b),
+                    _client(b),
+                    _pooler(b),
+                    _level(b),
+                )
+                for b in holders[:_MOST_ROWS]
+            ],
+            out,
+        )
+        _left_out(len(holders), out)
+    if forensics.backends_left_out:
+        out.write(f"    ({forensics.backends_left_out} more backends were not read)\n")
+    for view in forensics.poolers:
+        if view.error is not None:
+            out.write(f"    pooler {view.name} could not be read: {view.error}\n")
+
+
+def _contended(forensics: Forensics, out: TextIO) -> None:
+    if not forensics.contended:
+        return
+    out.write(f"\n  Contended keys ({len(forensics.contended)})\n")
+    _table(
+        [("KEY", "NAME", "DATABASE", "HOLDERS", "WAITERS")]
+        + [
+            (
+                str(key.key),
+                key.key_name or "-",
+                key.datname,
+                ",".join(f"{pid}:{mode}" for pid, mode in key.holders) or "-",
+                ",".join(f"{pid}:{mode}" for pid, mode in key.waiters),
+            )
+            for key in forensics.contended
+        ],
+        out,
+    )
 
 
 def _registered_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
@@ -214,52 +280,83 @@ def _top_applications(snapshot: ServerSnapshot, out: TextIO) -> None:
         )
 
 
-def print_report(
-    name: str, role: str, snapshot: ServerSnapshot, registry: Registry, out: TextIO
-) -> None:
-    _header(name, role, snapshot, out)
-    _idle_holders(snapshot, registry, out)
-    _waiters(snapshot, registry, out)
-    _registered_keys(snapshot, registry, out)
-    _well_known_keys(snapshot, registry, out)
-    _top_applications(snapshot, out)
+def print_report(checked: Checked, out: TextIO) -> None:
+    assert checked.snapshot is not None
+    assert checked.forensics is not None
+    _header(checked, out)
+    _waiters(checked.forensics, out)
+    _holders(checked.forensics, out)
+    _contended(checked.forensics, out)
+    _registered_keys(checked.snapshot, checked.registry, out)
+    _well_known_keys(checked.snapshot, checked.registry, out)
+    _top_applications(checked.snapshot, out)
     out.write("\n")
 
 
-def check_target(target: TargetConfig, out: TextIO, watchdog: Watchdog) -> bool:
+def report_json(checked: Checked) -> dict[str, Any]:
+    """One target as `check --format json` prints it."""
+    if checked.error is not None:
+        return {"target": checked.name, "error": checked.error}
+    snapshot, forensics = checked.snapshot, checked.forensics
+    assert snapshot is not None
+    assert forensics is not None
+    return {
+        "target": checked.name,
+        "server_version": snapshot.server_version,
+        "can_read_all_stats": snapshot.can_read_all_stats,
+        "grant": None if snapshot.can_read_all_stats else _grant(checked.role),
+        "lock_table_entries": snapshot.lock_table_entries,
+        "lock_table_capacity": lock_table_capacity(snapshot.capacity_settings),
+        "backend_table_entries_max": snapshot.backend_table_entries_max,
+        "max_locks_per_transaction": snapshot.capacity_settings.max_locks_per_transaction,
+        **forensics_json(forensics),
+    }
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One target as `check` read it, or why it could not."""
+
+    name: str
+    role: str = ""
+    snapshot: ServerSnapshot | None = None
+    registry: Registry = NO_KEYS
+    forensics: Forensics | None = None
+    error: str | None = None
+
+
+def check_target(target: TargetConfig, watchdog: Watchdog) -> Checked:
     assert target.collection is not None
+    settings = page_settings(target)
+    # The deadline of one collection, as the daemon's: each statement is bounded on the
+    # server by statement_timeout, and this bounds a stopped backend or a hung proxy.
     deadline = target.collection.scrape_wait
-    conninfo = target.dsn
-    opened: list[psycopg.Connection[Any]] = []
-    expired = threading.Event()
-
-    def expire() -> None:  # a stopped backend or a hung proxy: give up, as the daemon does
-        expired.set()
-        for conn in opened:
-            interrupt(conn)
-
-    alarm = watchdog.arm(deadline, expire)
+    started = time.monotonic()
     try:
-        conninfo = target.conninfo()
-        entries = catalog.selected(target.catalog)
-        session = open_session(
-            conninfo, target.collection, target.keys, opened.append, entries=entries
-        )
-        try:
-            snapshot = read_snapshot(session.conn, session.registry, with_keys=True)
-        finally:
-            watchdog.disarm(alarm)
-            session.conn.close()
-    except (psycopg.Error, CannotCollect, ValueError) as exc:
-        watchdog.disarm(alarm)
-        error = f"no answer within {deadline:g}s" if expired.is_set() else str(exc).strip()
-        out.write(f"Target {target.name}: cannot collect: {redact(error, conninfo)}\n\n")
-        return False
-    print_report(target.name, session.role, snapshot, session.registry, out)
-    return True
+        with new_session(target, watchdog, deadline) as session:
+            # A one-shot command reads pg_locks twice: the collection's statement for the
+            # lock table and the registry's keys, the forensics statement for who holds
+            # and awaits what. The daemon never does both at once.
+            snapshot = read_snapshot(session.conn, session.registry)
+            rows = read_rows(session.conn, settings)
+    except Unanswered as exc:
+        return Checked(target.name, error=str(exc))
+    views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
+    forensics = build(target.name, rows, session.registry, views, query_text=settings.query_text)
+    return Checked(target.name, session.role, snapshot, session.registry, forensics)
 
 
-def run_check(config: Config, out: TextIO = sys.stdout) -> int:
+def run_check(config: Config, out: TextIO = sys.stdout, output: str = "text") -> int:
     watchdog = Watchdog()
-    results = [check_target(target, out, watchdog) for target in config.targets]
-    return 0 if all(results) else EXIT_UNREACHABLE
+    results = []
+    for target in config.targets:
+        checked = check_target(target, watchdog)
+        results.append(checked)
+        if output == "text":  # as each target is read: a person watches it come
+            if checked.error is not None:
+                out.write(f"Target {checked.name}: cannot collect: {checked.error}\n\n")
+            else:
+                print_report(checked, out)
+    if output == "json":
+        out.write(json.dumps([report_json(checked) for checked in results], indent=2) + "\n")
+    return 0 if all(checked.error is None for checked in results) else EXIT_UNREACHABLE

@@ -11,7 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .capacity import CapacitySettings
-from .keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from .keys import BIGINT_KEY, INT_PAIR_KEY
 from .registry import NO_KEYS, Registry
 
 # Run once per connection: the session settings that keep the exporter harmless, and the
@@ -41,9 +41,7 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 # - Deadlocks are read for every database but the templates (datistemplate, template0,
 #   template1 and any made with IS_TEMPLATE): a template is copied, not worked in, so its
 #   series would only be noise. The join also drops the shared-objects row (datid 0).
-# - {key_codes} and {registered_keys} match the key registry (see _EXACT_CODES);
-#   {key_columns} and {key_rollup} are where the one-shot report adds the lowest key a
-#   backend holds and the key it awaits.
+# - {key_codes} and {registered_keys} match the key registry (see _EXACT_CODES).
 _COLLECT_TEMPLATE = """
 WITH lock_groups AS (
     SELECT
@@ -53,7 +51,7 @@ WITH lock_groups AS (
         count(*) FILTER (WHERE l.mode = 'ShareLock' AND l.locktype = 'advisory') AS share_entries,
         max(l.mode) FILTER (WHERE NOT l.granted AND l.locktype = 'advisory') AS awaited_mode,
         min(l.waitstart) AS wait_start,
-        count(l.virtualxid) AS virtualxid_locks{key_codes}{key_columns}
+        count(l.virtualxid) AS virtualxid_locks{key_codes}
     FROM pg_catalog.pg_locks AS l
     GROUP BY l.pid
 ),
@@ -66,7 +64,7 @@ backend_locks AS (
         awaited_mode,
         wait_start,
         virtualxid_locks > 0 AS in_transaction,
-        {registered_keys} AS registered_keys{key_rollup}
+        {registered_keys} AS registered_keys
     FROM lock_groups
 ),
 totals AS (
@@ -171,21 +169,6 @@ _NAMESPACE_USES = """
                                  AS awaited
                         FROM pg_catalog.unnest({indexes}) AS i) AS n
                 WHERE n.held + n.awaited > 0"""
-_KEY_COLUMNS = f""",
-        min({_PACKED_KEY}) FILTER (WHERE l.granted AND l.objsubid = {BIGINT_KEY}
-                                   AND l.locktype = 'advisory') AS held_bigint_key,
-        min({_PACKED_KEY}) FILTER (WHERE l.granted AND l.objsubid = {INT_PAIR_KEY}
-                                   AND l.locktype = 'advisory') AS held_pair_key,
-        min({_PACKED_KEY}) FILTER (WHERE NOT l.granted AND l.locktype = 'advisory')
-            AS awaited_key,
-        min(l.objsubid) FILTER (WHERE NOT l.granted AND l.locktype = 'advisory')
-            AS awaited_key_form"""
-_KEY_ROLLUP = """,
-        held_bigint_key,
-        held_pair_key,
-        awaited_key,
-        awaited_key_form"""
-
 KeyArrays = tuple[tuple[str, tuple[int, ...]], ...]
 
 
@@ -238,23 +221,15 @@ def _matching(arrays: Mapping[str, Sequence[int]]) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _collect_sql(arrays: KeyArrays, with_keys: bool) -> str:
+def _collect_sql(arrays: KeyArrays) -> str:
     key_codes, registered_keys = _matching(dict(arrays))
-    return _COLLECT_TEMPLATE.format(
-        key_codes=key_codes,
-        registered_keys=registered_keys,
-        key_columns=_KEY_COLUMNS if with_keys else "",
-        key_rollup=_KEY_ROLLUP if with_keys else "",
-    )
+    return _COLLECT_TEMPLATE.format(key_codes=key_codes, registered_keys=registered_keys)
 
 
-def collect_sql(registry: Registry = NO_KEYS, *, with_keys: bool = False) -> str:
-    """The collection statement for this registry, its keys written in as constants.
-
-    with_keys adds the keys each backend holds and awaits, for the one-shot report.
-    """
+def collect_sql(registry: Registry = NO_KEYS) -> str:
+    """The collection statement for this registry, its keys written in as constants."""
     arrays = registry.sql_parameters()
-    return _collect_sql(tuple((name, tuple(arrays[name])) for name in sorted(arrays)), with_keys)
+    return _collect_sql(tuple((name, tuple(arrays[name])) for name in sorted(arrays)))
 
 
 COLLECT_SQL = collect_sql()
@@ -289,8 +264,6 @@ class BackendLocks:
     # a Unix socket, or where privileges hide it.
     client_addr: str | None = None
     client_port: int | None = None
-    held_key: AdvisoryKey | None = None  # the lowest key held; only for the report
-    awaited_key: AdvisoryKey | None = None  # only for the report
 
     @property
     def waiting(self) -> bool:
@@ -323,20 +296,6 @@ class ServerSnapshot:
     backends: tuple[BackendLocks, ...]
 
 
-def _held_key(row: Mapping[str, Any]) -> AdvisoryKey | None:
-    if row.get("held_bigint_key") is not None:
-        return AdvisoryKey.from_packed(row["held_bigint_key"], BIGINT_KEY)
-    if row.get("held_pair_key") is not None:
-        return AdvisoryKey.from_packed(row["held_pair_key"], INT_PAIR_KEY)
-    return None
-
-
-def _awaited_key(row: Mapping[str, Any]) -> AdvisoryKey | None:
-    if row.get("awaited_key") is None:
-        return None
-    return AdvisoryKey.from_packed(row["awaited_key"], row["awaited_key_form"])
-
-
 def _age(seconds: float | None) -> float | None:
     # now() is the statement's start: a state entered after it would come out negative.
     return None if seconds is None else max(seconds, 0.0)
@@ -365,16 +324,12 @@ def _backend(row: Mapping[str, Any]) -> BackendLocks:
         registered=_key_uses(row),
         client_addr=row["client_addr"],
         client_port=row["client_port"],
-        held_key=_held_key(row),
-        awaited_key=_awaited_key(row),
     )
 
 
-def read_snapshot(
-    conn: psycopg.Connection[Any], registry: Registry = NO_KEYS, *, with_keys: bool = False
-) -> ServerSnapshot:
+def read_snapshot(conn: psycopg.Connection[Any], registry: Registry = NO_KEYS) -> ServerSnapshot:
     """Run the collection statement once and map its rows."""
-    sql = collect_sql(registry, with_keys=with_keys)
+    sql = collect_sql(registry)
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(sql).fetchall()
     first = rows[0]  # totals always yield one row, with NULL backend columns if none

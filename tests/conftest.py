@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
+from pgbouncer import PgBouncer
 from support import (
     MONITOR_PASSWORD,
     PG_MAJOR,
@@ -48,10 +49,10 @@ __all__ = ["RunningExporter", "Scrape", "SilentServer"]
 # fixture, depends on the server's version (marker `pg`) and runs once per version.
 SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Fixtures that run another program: the exporter's daemon or command, Prometheus,
-# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman.
+# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium.
 PROGRAM_FIXTURES = frozenset(
     {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl",
-     "hadolint", "podman", "image"}
+     "hadolint", "podman", "image", "chromium"}
 )  # fmt: skip
 
 
@@ -277,6 +278,12 @@ def kubectl() -> str:
 
 
 @pytest.fixture
+def chromium() -> str:
+    """A headless browser for the /locks page: Debian's `chromium`."""
+    return _installed("chromium")
+
+
+@pytest.fixture
 def exporter(
     start_exporter: StartExporter, one_target: OneTarget, monitor_dsn: str
 ) -> RunningExporter:
@@ -330,3 +337,14 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
 def image(podman: Podman) -> str:
     """The image built from the real Dockerfile on the local base, once per session."""
     return build_image(podman, ensure_base(podman))
+
+
+@pytest.fixture
+def pgbouncer(pg: EmbeddedPostgres) -> Iterator[PgBouncer]:
+    """A real PgBouncer in front of the suite's server (tests/pgbouncer.py)."""
+    bouncer = PgBouncer(pg)
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.cleanup()

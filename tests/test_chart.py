@@ -25,10 +25,13 @@ from support import Cli
 
 from pg_advisory_exporter import __version__
 from pg_advisory_exporter.config import (
+    SETTINGS,
     CollectionSettings,
     FileConfig,
+    LocksPageSettings,
     LogConfig,
     Overrides,
+    PoolerConfig,
     RewriteRuleConfig,
     TargetConfig,
     load,
@@ -167,6 +170,47 @@ def test_lints_clean_in_strict_mode(values: Values) -> None:
         ({"config": {"keys": [{"name": "k", "key": 2**53 + 1}]}}, "/config/keys/0/key"),
         ({"config": {"web": {"listen_address": ":80"}}}, "'web' not allowed"),
         ({"podDisruptionBudget": {"enabled": True, "maxUnavailabel": 1}}, "not allowed"),
+        (
+            {
+                "config": {
+                    "targets": [
+                        {
+                            "name": "a",
+                            "dsn": "host=a",
+                            "poolers": [{"name": "p", "addresses": ["p"], "pool_mod": "session"}],
+                        }
+                    ]
+                }
+            },
+            "'pool_mod' not allowed",
+        ),
+        (
+            {
+                "config": {
+                    "targets": [
+                        {
+                            "name": "a",
+                            "dsn": "host=a",
+                            "poolers": [{"name": "p", "addresses": ["p"], "pool_mode": "pooled"}],
+                        }
+                    ]
+                }
+            },
+            "/config/targets/0/poolers/0/pool_mode",
+        ),
+        ({"config": {"locks_page": {"query_txt": True}}}, "'query_txt' not allowed"),
+        (
+            {
+                "config": {
+                    "targets": [
+                        {"name": "a", "dsn": "host=a", "locks_page": {"query_text_length": 0}}
+                    ]
+                }
+            },
+            "/config/targets/0/locks_page/query_text_length",
+        ),
+        ({"config": {"locks_page": {"reuse_for": "soon"}}}, "/config/locks_page/reuse_for"),
+        ({"webExternalUrl": "locks.example.com"}, "/webExternalUrl"),
     ],
     ids=[
         "unknown top-level key",
@@ -179,6 +223,12 @@ def test_lints_clean_in_strict_mode(values: Values) -> None:
         "key beyond 2^53",
         "web is the chart's",
         "misspelt pdb field",
+        "misspelt pooler field",
+        "unknown pool mode",
+        "misspelt locks_page field",
+        "query text length 0",
+        "reuse_for not a duration",
+        "external URL without a scheme",
     ],
 )
 def test_a_values_mistake_fails_rendering(values: Values, where: str) -> None:
@@ -565,6 +615,44 @@ def test_passwords_are_mounted_from_existing_secrets() -> None:
     assert [item["key"] for item in shared["items"]] == ["billing", "orders"]
 
 
+def test_pooler_passwords_are_mounted_from_existing_secrets() -> None:
+    """A pooler's passwordSecret becomes its password_file, as a target's does; a Secret
+    that targets and poolers share is mounted once, with the keys they name."""
+    values = VALUE_SETS["poolers"]
+    documents = render(values)
+    config = yaml.safe_load(config_text(documents))
+    files = mounted_files(documents)
+    for given, rendered in zip(values["config"]["targets"], config["targets"], strict=True):
+        secret = given["passwordSecret"]
+        assert files[rendered["password_file"]] == (secret["name"], secret["key"])
+        for pooler, rendered_pooler in zip(given["poolers"], rendered["poolers"], strict=True):
+            assert "passwordSecret" not in rendered_pooler
+            if "passwordSecret" in pooler:
+                secret = pooler["passwordSecret"]
+                assert files[rendered_pooler["password_file"]] == (secret["name"], secret["key"])
+    assert config["targets"][0]["poolers"][0]["password_file"] == (
+        "/etc/pg-advisory-exporter/secrets/pg-monitor/pgbouncer-stats"
+    )
+    volumes = [v for v in pod_spec(documents)["volumes"] if "secret" in v]
+    assert sorted(v["secret"]["secretName"] for v in volumes) == [
+        "billing-db-credentials",
+        "pg-monitor",
+    ]
+    shared = next(v for v in volumes if v["secret"]["secretName"] == "pg-monitor")
+    assert [item["key"] for item in shared["secret"]["items"]] == ["orders", "pgbouncer-stats"]
+    mounts = [
+        m for m in exporter_container(documents)["volumeMounts"] if m["name"] == shared["name"]
+    ]
+    assert [m["mountPath"] for m in mounts] == ["/etc/pg-advisory-exporter/secrets/pg-monitor"]
+
+
+def test_poolers_known_by_address_pass_through() -> None:
+    values = VALUE_SETS["poolers"]
+    config = yaml.safe_load(config_text(render(values)))
+    given = values["config"]["targets"][0]["poolers"][1]
+    assert config["targets"][0]["poolers"][1] == given
+
+
 def test_no_password_in_a_configmap_or_the_environment() -> None:
     for name, values in VALUE_SETS.items():
         documents = render(values)
@@ -576,9 +664,12 @@ def test_no_password_in_a_configmap_or_the_environment() -> None:
             continue
         for target in yaml.safe_load(config_text(documents))["targets"]:
             assert "password" not in conninfo_to_dict(target["dsn"]), (name, target["name"])
+            for pooler in target.get("poolers", []):
+                if "admin_dsn" in pooler:
+                    assert "password" not in conninfo_to_dict(pooler["admin_dsn"]), name
 
 
-@pytest.mark.parametrize(
+parametrize_password_dsns = pytest.mark.parametrize(
     "dsn",
     [
         "postgresql://monitor:s3cret@db:5432/postgres",
@@ -589,11 +680,25 @@ def test_no_password_in_a_configmap_or_the_environment() -> None:
     ],
     ids=["URI", "keyword", "quoted keyword", "URI parameter", "key passphrase"],
 )
+
+
+@parametrize_password_dsns
 def test_a_password_in_a_dsn_is_refused(dsn: str) -> None:
     values = {"config": {"targets": [{"name": "db", "dsn": dsn}]}}
     with pytest.raises(HelmError, match="passwordSecret") as raised:
         render_files(values)
     assert "s3" not in str(raised.value)
+
+
+@parametrize_password_dsns
+def test_a_password_in_an_admin_dsn_is_refused(dsn: str) -> None:
+    pooler = {"name": "pgbouncer", "admin_dsn": dsn}
+    values = {"config": {"targets": [{"name": "db", "dsn": "host=db", "poolers": [pooler]}]}}
+    with pytest.raises(HelmError, match="passwordSecret") as raised:
+        render_files(values)
+    message = str(raised.value)
+    assert 'pooler "pgbouncer" of target "db" has a password in its admin_dsn' in message
+    assert "s3" not in message
 
 
 @pytest.mark.parametrize(
@@ -622,6 +727,60 @@ def test_targets_the_exporter_would_refuse_fail_the_render(
         render_files({"config": {"targets": targets}})
 
 
+SECRET = {"name": "s", "key": "k"}
+
+
+@pytest.mark.parametrize(
+    ("poolers", "message"),
+    [
+        (
+            [{"name": "p", "admin_dsn": "host=p"}, {"name": "p", "addresses": ["p"]}],
+            'target "a" names the pooler "p" twice',
+        ),
+        (
+            [{"name": "p", "admin_dsn": "host=p", "addresses": ["p"], "pool_mode": "session"}],
+            "exactly one of admin_dsn",
+        ),
+        ([{"name": "p"}], "exactly one of admin_dsn"),
+        ([{"name": "p", "addresses": ["p"]}], "addresses need pool_mode"),
+        (
+            [{"name": "p", "admin_dsn": "host=p", "pool_mode": "session"}],
+            "pool_mode goes with addresses",
+        ),
+        (
+            [{"name": "p", "addresses": ["p"], "pool_mode": "session", "passwordSecret": SECRET}],
+            "go with admin_dsn",
+        ),
+        (
+            [
+                {
+                    "name": "p",
+                    "admin_dsn": "host=p",
+                    "password_file": "/p",
+                    "passwordSecret": SECRET,
+                }
+            ],
+            'pooler "p" of target "a" has both passwordSecret and password_file',
+        ),
+    ],
+    ids=[
+        "a name twice",
+        "both sources",
+        "no source",
+        "no pool mode",
+        "pool mode with the console",
+        "password with addresses",
+        "two passwords",
+    ],
+)
+def test_poolers_the_exporter_would_refuse_fail_the_render(
+    poolers: list[dict[str, Any]], message: str
+) -> None:
+    """Said at install, in the exporter's words, rather than by a pod that will not start."""
+    with pytest.raises(HelmError, match=message):
+        render_files({"config": {"targets": [{"name": "a", "dsn": "host=a", "poolers": poolers}]}})
+
+
 def test_the_whole_file_can_come_from_a_secret() -> None:
     documents = render(VALUE_SETS["config-from-secret"])
     container = exporter_container(documents)
@@ -641,12 +800,13 @@ def exporter_readable(documents: list[Document], folder: Path) -> Path:
     mounted = mounted_files(documents)
     user_mounts = [m["mountPath"] for m in exporter_container(documents)["volumeMounts"]]
     for i, target in enumerate(config["targets"]):
-        if "password_file" in target:
-            path = target["password_file"]
-            assert path in mounted or any(path.startswith(f"{m}/") for m in user_mounts), path
-            local = folder / f"password-{i}"
-            local.write_text("not-a-real-password\n")
-            target["password_file"] = str(local)
+        for j, holder in enumerate([target, *target.get("poolers", [])]):
+            if "password_file" in holder:
+                path = holder["password_file"]
+                assert path in mounted or any(path.startswith(f"{m}/") for m in user_mounts), path
+                local = folder / f"password-{i}-{j}"
+                local.write_text("not-a-real-password\n")
+                holder["password_file"] = str(local)
     config_path = folder / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     return config_path
@@ -671,10 +831,25 @@ def test_the_exporter_loads_the_rendered_configuration(name: str, tmp_path: Path
         assert keys["tenant_7_export"].pair == (3001, 7)
         assert config.targets[0].collection is not None
         assert config.targets[0].collection.min_interval == 10
+    if name == "poolers":
+        orders, billing = config.targets
+        # The file's locks_page for every target, a target's own fields winning.
+        assert orders.locks_page == LocksPageSettings(
+            query_text=True, query_text_length=500, reuse_for=10
+        )
+        assert billing.locks_page == LocksPageSettings(query_text_length=500, reuse_for=10)
+        console, by_address = orders.poolers
+        assert conninfo_to_dict(console.conninfo())["password"] == "not-a-real-password"
+        assert by_address.addresses == ("10.12.0.0/16", "pgbouncer.orders.svc")
+        assert by_address.pool_mode == "transaction"
+        assert [p.name for p in billing.poolers] == ["pgbouncer"]
 
 
-def test_the_command_accepts_the_rendered_configuration(cli: Cli, tmp_path: Path) -> None:
-    path = exporter_readable(render(VALUE_SETS["multi-target"]), tmp_path)
+@pytest.mark.parametrize("name", ["multi-target", "poolers"])
+def test_the_command_accepts_the_rendered_configuration(
+    cli: Cli, tmp_path: Path, name: str
+) -> None:
+    path = exporter_readable(render(VALUE_SETS[name]), tmp_path)
     result = cli("--config.file", str(path), "--config.check")
     assert result.returncode == 0, result.stderr
     assert "2 target(s): orders, billing" in result.stdout
@@ -706,6 +881,11 @@ def test_the_values_schema_knows_every_setting_of_the_file() -> None:
     assert _properties(schema, *rewrites, "items") == _fields(RewriteRuleConfig)
     targets = (*config, "properties", "targets", "items")
     assert _properties(schema, *targets) - {"passwordSecret"} == _fields(TargetConfig)
+    poolers = (*targets, "properties", "poolers", "items")
+    assert _properties(schema, *poolers) - {"passwordSecret"} == _fields(PoolerConfig)
+    locks_page = _fields(LocksPageSettings)
+    assert _properties(schema, *config, "properties", "locks_page") == locks_page
+    assert _properties(schema, *targets, "properties", "locks_page") == locks_page
     assert _properties(schema, *config, "properties", "keys", "items") == _fields(KeyConfig)
 
 
@@ -777,6 +957,19 @@ def test_pass_through_values_reach_the_pod() -> None:
     assert template["labels"]["team"] == "dba"
     assert template["annotations"]["example.com/owner"] == "dba"
     assert only(documents, "Deployment")["spec"]["replicas"] == 2
+
+
+def test_the_external_url_is_passed_as_the_exporters_flag() -> None:
+    assert not [a for a in exporter_container(render({}))["args"] if "external-url" in a]
+    url = VALUE_SETS["poolers"]["webExternalUrl"]
+    args = exporter_container(render(VALUE_SETS["poolers"]))["args"]
+    assert f"--web.external-url={url}" in args
+    # The flag is the exporter's, and the exporter takes the value.
+    flag, _, value = next(a for a in args if "external-url" in a).partition("=")
+    (setting,) = (s for s in SETTINGS if s.flag == flag)
+    assert read_flags({setting.dest: value}).web.external_url == url.rstrip("/")
+    notes = render_files(VALUE_SETS["poolers"])["pg-advisory-exporter/templates/NOTES.txt"]
+    assert f"{url.rstrip('/')}/locks?target=NAME" in notes
 
 
 def test_notes_name_the_job_and_the_release_label() -> None:

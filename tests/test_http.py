@@ -37,6 +37,7 @@ def test_landing_page_names_targets_and_links_but_no_dsn(
     assert "orders-db" in page
     assert 'href="/custom-metrics"' in page
     assert 'href="/health"' in page
+    assert 'href="/locks?target=orders-db"' in page
     assert "127.0.0.1" not in page
     assert "monitor" not in page
 
@@ -141,7 +142,7 @@ def _raw_request(port: int, request: bytes) -> bytes:
 
 def test_methods_head_has_no_body_and_the_rest_get_405(start_exporter: StartExporter) -> None:
     exporter = start_exporter("--dsn", REFUSED)
-    for path in ("/", "/metrics", "/health", "/-/healthy"):
+    for path in ("/", "/metrics", "/health", "/-/healthy", "/locks?target=default"):
         answer = _raw_request(exporter.port, f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.0 503"), head
@@ -150,6 +151,7 @@ def test_methods_head_has_no_body_and_the_rest_get_405(start_exporter: StartExpo
         ("DELETE", "/", "GET, HEAD"),
         ("BREW", "/health", "GET, HEAD"),
         ("POST", "/metrics", "GET, HEAD"),
+        ("POST", "/locks?target=default", "GET, HEAD"),
         ("GET", "/-/reload", "POST"),
     ):
         status, _ = exporter.get(path, method=method)

@@ -1,59 +1,111 @@
-"""The one-shot report's layout, from a snapshot built in the test."""
+"""The `check` report: its layout from a read built in the test, and the real command as text
+and as JSON against a real server."""
 
 from __future__ import annotations
 
 import io
+import json
+import threading
+from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
+from ipaddress import ip_network
+from pathlib import Path
+from typing import Any
 
-from support import IDLE, snapshot_of
+import psycopg
+import pytest
+import yaml
+from support import IDLE, Cli, Session, snapshot_of, wait_until
 
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.forensics import Backend, LockEntry, assemble
 from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from pg_advisory_exporter.poolers import PoolerView
 from pg_advisory_exporter.registry import NO_KEYS
-from pg_advisory_exporter.report import format_seconds, print_report
-from pg_advisory_exporter.snapshot import BackendLocks
+from pg_advisory_exporter.report import Checked, format_seconds, print_report
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def _report(*backends: BackendLocks, privileged: bool = True) -> str:
+def _held(*keys: AdvisoryKey) -> tuple[LockEntry, ...]:
+    return tuple(LockEntry(5, key, "exclusive", granted=True) for key in keys)
+
+
+def _backend(pid: int, *locks: LockEntry, **fields: Any) -> Backend:
+    base = Backend(
+        pid=pid,
+        datname="app",
+        application_name="billing-worker",
+        client_addr="10.0.0.7",
+        client_port=40000 + pid,
+        backend_start=START,
+        state="idle",
+        state_seconds=600.0,
+        xact_start=None,
+        session_level=True,
+        lock_entries=len(locks),
+        locks=locks,
+    )
+    return replace(base, **fields)
+
+
+def _report(*backends: Backend, privileged: bool = True) -> str:
     out = io.StringIO()
-    snapshot = replace(snapshot_of(*backends), can_read_all_stats=privileged)
-    print_report("main", "monitor", snapshot, NO_KEYS, out)
+    snapshot = replace(snapshot_of(IDLE), can_read_all_stats=privileged)
+    forensics = assemble("main", backends)
+    print_report(Checked("main", "monitor", snapshot, NO_KEYS, forensics), out)
     return out.getvalue()
 
 
-def test_idle_holders_first_by_age_and_capped() -> None:
+def _line(text: str, pid: int) -> str:
+    return next(line for line in text.splitlines() if line.strip().startswith(f"{pid} "))
+
+
+def test_holders_longest_in_their_state_first_and_capped() -> None:
     holders = [
-        replace(IDLE, pid=100 + i, state_seconds=float(i), held_key=AdvisoryKey(BIGINT_KEY, (i,)))
+        _backend(100 + i, *_held(AdvisoryKey(BIGINT_KEY, (i,))), state_seconds=float(25 - i))
         for i in range(25)
     ]
     text = _report(*holders)
     rows = [line.split() for line in text.splitlines() if line.strip().startswith("1")]
-    assert [row[0] for row in rows[:2]] == ["124", "123"]  # the oldest first
-    assert "Idle holders (25)" in text
+    assert [row[0] for row in rows[:2]] == ["100", "101"]  # in the read's order: the oldest first
+    assert "Holders (25)" in text
     assert "... and 5 more" in text
     assert all(line == line.rstrip() for line in text.splitlines())
 
 
-def test_waiters_keys_levels_and_missing_grant() -> None:
-    in_tx = replace(
-        IDLE, pid=7, state="idle in transaction", state_seconds=30.0, in_transaction=True,
-        held_key=AdvisoryKey(INT_PAIR_KEY, (2001, -5)), advisory_entries=3,
+def test_waiters_blockers_clients_poolers_levels_and_missing_grant() -> None:
+    in_tx = _backend(
+        7, *_held(AdvisoryKey(INT_PAIR_KEY, (2001, -5)), AdvisoryKey(BIGINT_KEY, (1,))),
+        state="idle in transaction", state_seconds=30.0, session_level=False, lock_entries=3,
     )  # fmt: skip
-    hidden = replace(
-        IDLE, pid=6, state=None, state_seconds=None, held_key=AdvisoryKey(BIGINT_KEY, (9,))
+    hidden = _backend(
+        6, *_held(AdvisoryKey(BIGINT_KEY, (9,))), state=None, state_seconds=None,
+        client_addr=None, client_port=None,
+    )  # fmt: skip
+    blocker = _backend(5, LockEntry(5, AdvisoryKey(BIGINT_KEY, (-1,)), "exclusive", True))
+    waiter = _backend(
+        8,
+        LockEntry(5, AdvisoryKey(BIGINT_KEY, (-1,)), "share", False, START, 75.0),
+        state="active",
     )
-    waiter = replace(
-        IDLE, pid=8, state="active", awaited_mode="ShareLock", wait_seconds=75.0,
-        awaited_key=AdvisoryKey(BIGINT_KEY, (-1,)), held_key=None, advisory_entries=1,
-    )  # fmt: skip
-    text = _report(in_tx, hidden, waiter, privileged=False)
+    pooler = PoolerView("pgb", networks=(ip_network("10.0.0.0/24"),), pool_mode="transaction")
+    pooled = replace(blocker, pooled=pooler.owner(5, "10.0.0.7", 40005))
+    text = _report(in_tx, hidden, pooled, waiter, privileged=False)
     assert 'GRANT pg_read_all_stats TO "monitor"' in text
-    holder = next(line for line in text.splitlines() if line.strip().startswith("7 "))
+    holder = _line(text, 7)
     assert "(2001, -5) (+2 more)" in holder
+    assert "10.0.0.7:40007" in holder
     assert holder.endswith("session or transaction")  # pg_locks cannot tell inside a transaction
-    outside = next(line for line in text.splitlines() if line.strip().startswith("6 "))
-    assert outside.split()[3:] == ["idle", "unknown", "9", "-", "session"]  # the age is hidden
-    waiting = next(line for line in text.splitlines() if line.strip().startswith("8 "))
-    assert waiting.split()[3:] == ["1m15s", "-1", "-", "share"]
+    outside = _line(text, 6)
+    # Hidden state, but outside any transaction: idle; the age and the client are hidden.
+    assert outside.split()[3:] == ["idle", "unknown", "9", "-", "-", "-", "session"]
+    assert _line(text, 5).split()[-4:] == ["pgb", "transaction", "STRANDED", "session"]
+    waiting = _line(text, 8)
+    assert waiting.split()[3:10] == ["1m15s", "-1", "-", "share", "5", "-", "10.0.0.7:40008"]
+    assert "Contended keys (1)" in text
+    assert "5:exclusive" in text
 
 
 def test_format_seconds() -> None:
@@ -61,3 +113,76 @@ def test_format_seconds() -> None:
     assert format_seconds(4.25) == "4.2s"
     assert format_seconds(3725) == "1h2m5s"
     assert format_seconds(90000) == "1d1h"
+
+
+@pytest.fixture
+def held_and_awaited(pg: EmbeddedPostgres, session: Session) -> Iterator[tuple[int, int]]:
+    """A holder of key 4242, idle, and a waiter for it: their pids."""
+    holder = session("billing-worker")
+    holder.execute("SELECT pg_advisory_lock(4242)")
+    waiter = session("billing-waiter")
+    blocked = threading.Thread(target=_lock_4242, args=(waiter,), daemon=True)
+    blocked.start()
+    with pg.connect() as admin:
+        wait_until(
+            lambda: (
+                admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone() == (1,)
+            ),
+            10,
+            "the waiter blocked",
+        )
+    yield holder.info.backend_pid, waiter.info.backend_pid
+    holder.execute("SELECT pg_advisory_unlock(4242)")
+    blocked.join(timeout=10)
+
+
+def _lock_4242(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    try:
+        conn.execute("SELECT pg_advisory_lock(4242)")
+    except psycopg.Error:  # cancelled at the end of the test
+        return
+
+
+def test_check_as_text_and_json(
+    tmp_path: Path, monitor_dsn: str, cli: Cli, held_and_awaited: tuple[int, int]
+) -> None:
+    holder_pid, waiter_pid = held_and_awaited
+    path = tmp_path / "config.yaml"
+    config = {
+        "keys": [{"name": "billing_batch", "key": 4242}],
+        "targets": [{"name": "main", "dsn": monitor_dsn}],
+    }
+    path.write_text(yaml.safe_dump(config))
+
+    text = cli("check", "--config.file", str(path), check=True).stdout
+    waiter = _line(text, waiter_pid)
+    assert "'billing-waiter'" in waiter
+    assert f" billing_batch  exclusive  {holder_pid} " in waiter
+    holder = _line(text, holder_pid)
+    assert "billing_batch" in holder
+    assert "127.0.0.1:" in holder
+    assert holder.endswith(" session")
+
+    result = cli("check", "--format", "json", "--config.file", str(path), check=True)
+    [target] = json.loads(result.stdout)
+    assert target["target"] == "main"
+    assert target["server_version"].split(".")[0].isdigit()
+    assert target["can_read_all_stats"] is True
+    assert target["grant"] is None
+    assert target["lock_table_entries"] >= 2
+    assert target["lock_table_capacity"] > target["lock_table_entries"]
+    [waits] = target["waiters"]
+    assert (waits["pid"], waits["blocked_by"]) == (waiter_pid, [holder_pid])
+    [holds] = [h for h in target["holders"] if h["pid"] == holder_pid]
+    assert holds["session_level"] is True
+    assert holds["locks"][0]["key_name"] == "billing_batch"
+    assert holds["client_addr"] == "127.0.0.1"
+    assert target["contended_keys"][0]["key"] == "4242"
+    assert "query" not in holds
+
+    down = tmp_path / "down.yaml"
+    down.write_text(yaml.safe_dump({"targets": [{"name": "gone", "dsn": "host=127.0.0.1 port=1"}]}))
+    result = cli("check", "--format", "json", "--config.file", str(down))
+    assert result.returncode == 1
+    assert json.loads(result.stdout)[0]["target"] == "gone"
+    assert "error" in json.loads(result.stdout)[0]

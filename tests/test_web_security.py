@@ -23,7 +23,15 @@ from pg_advisory_exporter.web_access import CHALLENGE
 
 PASSWORD = "scrape-Pw-7f3e"
 # Every endpoint of the exporter, none left open.
-READ_PATHS = ["/metrics", "/probe?target=default", "/", "/health", "/-/healthy", "/-/ready"]
+READ_PATHS = [
+    "/metrics",
+    "/probe?target=default",
+    "/locks?target=default",
+    "/",
+    "/health",
+    "/-/healthy",
+    "/-/ready",
+]
 
 Answer = tuple[int, Mapping[str, str], str]
 

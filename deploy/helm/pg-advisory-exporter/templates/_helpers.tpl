@@ -71,24 +71,74 @@ config.yaml
 
 {{/* A password written into a DSN would end up in a ConfigMap, readable by anyone who may
 read the namespace's ConfigMaps: refuse it and say where it belongs. The patterns are the
-ones the exporter redacts (config.py, _password_in), sslpassword= and ?password= included. */}}
+ones the exporter redacts (config.py, _password_in), sslpassword= and ?password= included.
+passwordIn prints "true" for a DSN that holds one, nothing otherwise. */}}
+{{- define "pg-advisory-exporter.passwordIn" -}}
+{{- if or (regexMatch "^[a-z]+://[^/@:]*:[^@/]*@" .) (regexMatch "password\\s*=" .) }}true{{ end }}
+{{- end }}
+
 {{- define "pg-advisory-exporter.checkDsn" -}}
 {{- $target := . }}
-{{- if or (regexMatch "^[a-z]+://[^/@:]*:[^@/]*@" $target.dsn) (regexMatch "password\\s*=" $target.dsn) }}
+{{- if include "pg-advisory-exporter.passwordIn" $target.dsn }}
 {{- fail (printf "config.targets: target %q has a password in its DSN, which would be stored in a ConfigMap: give passwordSecret (an existing Secret's name and key) instead, or the whole file in config.existingSecret" $target.name) }}
 {{- end }}
 {{- end }}
 
-{{/* The distinct Secrets that targets take their passwords from, sorted, so that each is
-mounted once whatever the number of targets that share it. */}}
-{{- define "pg-advisory-exporter.passwordSecrets" -}}
-{{- $names := list }}
-{{- range .Values.config.targets }}
+{{/* A pooler (dict "target" and "pooler") as the exporter would take it (config.py,
+PoolerConfig), said at install rather than when the pod starts: its admin console, with no
+password in admin_dsn, or addresses and their pool_mode; and one password source. */}}
+{{- define "pg-advisory-exporter.checkPooler" -}}
+{{- $where := printf "config.targets: pooler %q of target %q" .pooler.name .target.name }}
+{{- $pooler := .pooler }}
+{{- if eq (hasKey $pooler "admin_dsn") (hasKey $pooler "addresses") }}
+{{- fail (printf "%s: give exactly one of admin_dsn (its admin console) or addresses (with pool_mode)" $where) }}
+{{- end }}
+{{- if hasKey $pooler "admin_dsn" }}
+{{- if include "pg-advisory-exporter.passwordIn" $pooler.admin_dsn }}
+{{- fail (printf "%s has a password in its admin_dsn, which would be stored in a ConfigMap: give the pooler's passwordSecret (an existing Secret's name and key) instead, or the whole file in config.existingSecret" $where) }}
+{{- end }}
+{{- if hasKey $pooler "pool_mode" }}
+{{- fail (printf "%s: pool_mode goes with addresses: the admin console says each pool's mode" $where) }}
+{{- end }}
+{{- if and $pooler.passwordSecret $pooler.password_file }}
+{{- fail (printf "%s has both passwordSecret and password_file: give one" $where) }}
+{{- end }}
+{{- else }}
+{{- if not $pooler.pool_mode }}
+{{- fail (printf "%s: addresses need pool_mode (session, transaction or statement): the mode of the pools whose server connections come from them" $where) }}
+{{- end }}
+{{- if or (hasKey $pooler "passwordSecret") (hasKey $pooler "password_file") }}
+{{- fail (printf "%s: passwordSecret and password_file go with admin_dsn: addresses need no password" $where) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The Secrets that targets and their poolers take passwords from: each Secret's name to
+its distinct keys, sorted, so that a Secret is mounted once, holding only the keys named,
+whatever the number of targets and poolers that share it. As JSON; ranging over the map
+goes in the order of the names. */}}
+{{- define "pg-advisory-exporter.passwordSecretKeys" -}}
+{{- $secrets := dict }}
+{{- range $target := .Values.config.targets }}
+{{- $refs := list }}
+{{- with $target.passwordSecret }}
+{{- $refs = append $refs . }}
+{{- end }}
+{{- range $target.poolers }}
 {{- with .passwordSecret }}
-{{- $names = append $names .name }}
+{{- $refs = append $refs . }}
 {{- end }}
 {{- end }}
-{{- $names | uniq | sortAlpha | toJson }}
+{{- range $refs }}
+{{- $_ := set $secrets .name (append (get $secrets .name | default list) .key | uniq | sortAlpha) }}
+{{- end }}
+{{- end }}
+{{- $secrets | toJson }}
+{{- end }}
+
+{{/* The distinct Secrets that targets and poolers take their passwords from, sorted. */}}
+{{- define "pg-advisory-exporter.passwordSecrets" -}}
+{{- include "pg-advisory-exporter.passwordSecretKeys" . | fromJson | keys | sortAlpha | toJson }}
 {{- end }}
 
 {{/* A Secret's volume name: a DNS label whatever the Secret's name. */}}
@@ -97,12 +147,13 @@ mounted once whatever the number of targets that share it. */}}
 {{- end }}
 
 {{/* The exporter's configuration file from .Values.config: the file's own keys, empty ones
-left out, each target's passwordSecret turned into the password_file it is mounted at. */}}
+left out, each target's and each pooler's passwordSecret turned into the password_file it is
+mounted at. */}}
 {{- define "pg-advisory-exporter.configFile" -}}
 {{- $config := .Values.config }}
 {{- $secretsDir := include "pg-advisory-exporter.secretsDir" . }}
 {{- $file := dict }}
-{{- range $key := list "log" "collection" "max_parallel_collections" "keys" }}
+{{- range $key := list "log" "collection" "max_parallel_collections" "keys" "locks_page" }}
 {{- $value := get $config $key }}
 {{- if not (empty $value) }}
 {{- $_ := set $file $key $value }}
@@ -126,9 +177,27 @@ left out, each target's passwordSecret turned into the password_file it is mount
 {{- if and .passwordSecret .password_file }}
 {{- fail (printf "config.targets: target %q has both passwordSecret and password_file: give one" .name) }}
 {{- end }}
-{{- $target := omit . "passwordSecret" }}
+{{- $target := omit . "passwordSecret" "poolers" }}
 {{- with .passwordSecret }}
 {{- $_ := set $target "password_file" (printf "%s/%s/%s" $secretsDir .name .key) }}
+{{- end }}
+{{- if .poolers }}
+{{- $poolers := list }}
+{{- $poolerNames := dict }}
+{{- $given := . }}
+{{- range .poolers }}
+{{- if hasKey $poolerNames .name }}
+{{- fail (printf "config.targets: target %q names the pooler %q twice" $given.name .name) }}
+{{- end }}
+{{- $_ := set $poolerNames .name true }}
+{{- include "pg-advisory-exporter.checkPooler" (dict "target" $given "pooler" .) }}
+{{- $pooler := omit . "passwordSecret" }}
+{{- with .passwordSecret }}
+{{- $_ := set $pooler "password_file" (printf "%s/%s/%s" $secretsDir .name .key) }}
+{{- end }}
+{{- $poolers = append $poolers $pooler }}
+{{- end }}
+{{- $_ := set $target "poolers" $poolers }}
 {{- end }}
 {{- $targets = append $targets $target }}
 {{- end }}

@@ -1,0 +1,525 @@
+"""On-demand forensics: who holds and who awaits advisory locks on one server, read when a
+person asks (`/locks`, `check`), never on a scrape."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from . import catalog
+from .config import LocksPageSettings, TargetConfig, redact
+from .connection import CannotCollect, Session, interrupt, open_session
+from .keys import AdvisoryKey
+from .poolers import PooledBackend, Poolers, PoolerView, owner
+from .registry import Registry
+from .scheduling import Watchdog
+
+log = logging.getLogger(__name__)
+
+# The most lock entries listed per backend (its total is always given), and the most
+# backends listed (the number left out is given): a backend holding 100,000 locks, or a
+# server with thousands of sessions, must not make a page of megabytes.
+LOCKS_PER_BACKEND = 50
+MAX_BACKENDS = 500
+
+# One statement, in autocommit, so that pg_locks and pg_stat_activity describe one moment.
+# Notes:
+# - pg_locks is read once, in forensic_locks, and only its advisory rows are kept: the CTE
+#   is used twice, and MATERIALIZED makes sure the planner never inlines it into each use,
+#   which would read pg_locks twice.
+# - A row without a pid belongs to a prepared transaction: there is no backend to show or end.
+# - contended: somebody awaits the row's key (its database and the three key columns). Those
+#   rows are returned whatever the per-backend cap, since the blockers are computed from them;
+#   of the others, a backend's first {locks_per_backend} (awaited and contended ones first).
+# - A backend waits for at most one lock, so lock_entries minus the awaited one is what it
+#   holds. Every row of one backend carries its current virtualtransaction ("n/0" outside a
+#   transaction, where all it holds is session-level).
+# - The backend cap keeps waiters first, then the holders of contended keys, then those in
+#   their state the longest (an idle holder's age is the best age its locks have).
+# - oids are cast to bigint, which json_build_array writes as numbers (an oid as a string).
+# - client_port is -1 for a Unix socket: read as NULL, like a hidden one (nullif is syntax,
+#   not a pg_catalog function).
+# - {query} selects the query text only where the target turns it on, cut to a length on the
+#   server: the column is not read at all otherwise.
+_FORENSICS_TEMPLATE = """
+WITH forensic_locks AS MATERIALIZED (
+    SELECT l.pid, l.database, l.classid, l.objid, l.objsubid, l.mode, l.granted, l.waitstart,
+           l.virtualtransaction
+    FROM pg_catalog.pg_locks AS l
+    WHERE l.locktype = 'advisory'
+),
+awaited_keys AS (
+    SELECT DISTINCT database, classid, objid, objsubid
+    FROM forensic_locks
+    WHERE NOT granted
+),
+entries AS (
+    SELECT f.*,
+           k.objsubid IS NOT NULL AS contended,
+           row_number() OVER (
+               PARTITION BY f.pid
+               ORDER BY f.granted, k.objsubid IS NULL, f.objsubid, f.classid, f.objid, f.mode
+           ) AS position
+    FROM forensic_locks AS f
+    LEFT JOIN awaited_keys AS k
+           ON k.database = f.database AND k.classid = f.classid AND k.objid = f.objid
+          AND k.objsubid = f.objsubid
+    WHERE f.pid IS NOT NULL AND f.pid <> pg_catalog.pg_backend_pid()
+),
+backends AS (
+    SELECT e.pid,
+           count(*) AS lock_entries,
+           bool_or(NOT e.granted) AS waiting,
+           bool_or(e.contended AND e.granted) AS blocking,
+           min(e.virtualtransaction) AS virtualtransaction,
+           pg_catalog.json_agg(
+               pg_catalog.json_build_array(
+                   e.database::bigint, e.classid::bigint, e.objid::bigint, e.objsubid, e.mode,
+                   e.granted, e.waitstart,
+                   CASE WHEN NOT e.granted
+                        THEN extract(epoch FROM now() - coalesce(e.waitstart, now()))::float8
+                   END)
+               ORDER BY e.position
+           ) FILTER (WHERE e.position <= %(locks_per_backend)s OR e.contended) AS locks
+    FROM entries AS e
+    GROUP BY e.pid
+),
+ranked AS (
+    SELECT b.*, a.datname, a.application_name, a.client_addr, a.client_port, a.backend_start,
+           a.state, a.state_change, a.xact_start{query},
+           row_number() OVER (ORDER BY b.waiting DESC, b.blocking DESC,
+                                       a.state_change NULLS LAST, b.pid) AS rank,
+           count(*) OVER () AS backends_total
+    FROM backends AS b
+    LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b.pid
+)
+SELECT pid, lock_entries, backends_total, locks, datname, application_name,
+       pg_catalog.split_part(virtualtransaction, '/', 2) = '0' AS outside_transaction,
+       pg_catalog.host(client_addr) AS client_addr,
+       nullif(client_port, -1) AS client_port,
+       backend_start, state, extract(epoch FROM now() - state_change)::float8 AS state_seconds,
+       xact_start{query_column}
+FROM ranked
+WHERE rank <= %(max_backends)s
+ORDER BY rank
+"""
+FORENSICS_SQL = _FORENSICS_TEMPLATE.format(query="", query_column="")
+FORENSICS_WITH_QUERY_SQL = _FORENSICS_TEMPLATE.format(
+    query=",\n           pg_catalog.left(a.query, %(query_text_length)s) AS query",
+    query_column=", query",
+)
+
+_MODES = {"ExclusiveLock": "exclusive", "ShareLock": "share"}
+
+
+def conflicts(held: str, wanted: str) -> bool:
+    """Whether two advisory lock modes conflict: exclusive with both, share only with
+    exclusive (postgres-facts)."""
+    return "exclusive" in (held, wanted)
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """One pg_locks row of a backend: a key in a database, in one mode, held or awaited."""
+
+    database: int  # the oid: with the key, what two backends must share to conflict
+    key: AdvisoryKey
+    mode: str  # "exclusive" or "share"
+    granted: bool
+    wait_start: datetime | None = None  # awaited only; NULL for a moment after a wait begins
+    wait_seconds: float | None = None  # awaited only
+    key_name: str | None = None  # from the key registry or the catalog
+    catalog: bool = False  # the name is the built-in catalog's
+
+    @property
+    def lock(self) -> tuple[int, AdvisoryKey]:
+        return self.database, self.key
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend that holds or awaits advisory locks."""
+
+    pid: int
+    datname: str
+    application_name: str  # raw: no rewrite, no folding
+    client_addr: str | None  # None for a Unix socket, or where privileges hide it
+    client_port: int | None
+    backend_start: datetime | None
+    state: str | None  # None where privileges hide it
+    state_seconds: float | None
+    xact_start: datetime | None
+    session_level: bool  # every advisory lock it holds is certainly session-level
+    lock_entries: int  # all of them, held and awaited, listed or not
+    locks: tuple[LockEntry, ...]  # those listed: the awaited one and contended keys first
+    query: str | None = None  # only where the target's locks_page.query_text is on
+    pooled: PooledBackend | None = None
+
+    @property
+    def awaited(self) -> LockEntry | None:
+        return next((lock for lock in self.locks if not lock.granted), None)
+
+    @property
+    def held_entries(self) -> int:
+        return self.lock_entries - (self.awaited is not None)
+
+    @property
+    def held(self) -> tuple[LockEntry, ...]:
+        return tuple(lock for lock in self.locks if lock.granted)
+
+    @property
+    def held_left_out(self) -> int:
+        return self.held_entries - len(self.held)
+
+    @property
+    def stranded(self) -> bool:
+        """Session locks on a pooled connection that passes from client to client: they
+        outlive the client that took them (postgres-facts, PgBouncer)."""
+        return (
+            self.pooled is not None
+            and self.pooled.shared
+            and self.session_level
+            and self.held_entries > 0
+        )
+
+    @property
+    def terminate(self) -> str:
+        """The statement that would end the backend; shown, never run."""
+        return f"SELECT pg_terminate_backend({self.pid})"
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A backend waiting for a lock, what holds it back, and who queues ahead of it."""
+
+    backend: Backend
+    lock: LockEntry
+    blocked_by: tuple[int, ...]  # pids holding the key in a conflicting mode
+    queued_behind: tuple[int, ...]  # pids awaiting it in a conflicting mode since earlier
+
+
+@dataclass(frozen=True)
+class ContendedKey:
+    """A key somebody waits for, with every holder and waiter of it."""
+
+    datname: str
+    key: AdvisoryKey
+    key_name: str | None
+    holders: tuple[tuple[int, str], ...]  # (pid, mode)
+    waiters: tuple[tuple[int, str], ...]  # (pid, mode), the longest waiting first
+
+
+@dataclass(frozen=True)
+class Forensics:
+    """One read of one server: its advisory lock holders and waiters."""
+
+    target: str
+    read_at: float  # unix time
+    backends: tuple[Backend, ...]  # waiters, holders of contended keys, the rest
+    backends_total: int  # listed or not
+    waiters: tuple[Waiter, ...]
+    contended: tuple[ContendedKey, ...]
+    query_text: bool  # whether query text was asked for
+    poolers: tuple[PoolerView, ...] = ()
+
+    @property
+    def holders(self) -> tuple[Backend, ...]:
+        return tuple(b for b in self.backends if b.held_entries > 0)
+
+    @property
+    def backends_left_out(self) -> int:
+        return self.backends_total - len(self.backends)
+
+
+def _entry(values: Sequence[Any], datname: str, registry: Registry) -> LockEntry:
+    database, classid, objid, objsubid, mode, granted, wait_start, wait_seconds = values
+    named = registry.lookup(objsubid, classid, objid, datname)
+    return LockEntry(
+        database=database,
+        key=AdvisoryKey.from_packed(classid << 32 | objid, objsubid),
+        mode=_MODES.get(mode, mode),
+        granted=granted,
+        wait_start=None if wait_start is None else datetime.fromisoformat(wait_start),
+        # now() is the statement's start: a wait begun after it would come out negative.
+        wait_seconds=None if wait_seconds is None else max(wait_seconds, 0.0),
+        key_name=None if named is None else named.name,
+        catalog=named is not None and named.catalog,
+    )
+
+
+def backend_from_row(
+    row: Mapping[str, Any], registry: Registry, poolers: Sequence[PoolerView] = ()
+) -> Backend:
+    datname = row["datname"] or ""
+    state_seconds = row["state_seconds"]
+    return Backend(
+        pid=row["pid"],
+        datname=datname,
+        application_name=row["application_name"] or "",
+        client_addr=row["client_addr"],
+        client_port=row["client_port"],
+        backend_start=row["backend_start"],
+        state=row["state"],
+        state_seconds=None if state_seconds is None else max(state_seconds, 0.0),
+        xact_start=row["xact_start"],
+        session_level=bool(row["outside_transaction"]) or row["state"] == "idle",
+        lock_entries=row["lock_entries"],
+        locks=tuple(_entry(values, datname, registry) for values in row["locks"] or ()),
+        query=row.get("query"),
+        pooled=owner(poolers, row["pid"], row["client_addr"], row["client_port"]),
+    )
+
+
+def _waiters(backends: Sequence[Backend]) -> tuple[Waiter, ...]:
+    """Each waiter's blockers and the waiters ahead of it, from the rows of the one read
+    (never pg_blocking_pids(), which takes every lock-manager partition lock per call)."""
+    granted: dict[tuple[int, AdvisoryKey], list[tuple[int, str]]] = defaultdict(list)
+    awaiting: dict[tuple[int, AdvisoryKey], list[tuple[Backend, LockEntry]]] = defaultdict(list)
+    for backend in backends:
+        for lock in backend.locks:
+            if lock.granted:
+                granted[lock.lock].append((backend.pid, lock.mode))
+            else:
+                awaiting[lock.lock].append((backend, lock))
+    waiters = []
+    for queue in awaiting.values():
+        for backend, lock in queue:
+            blocked_by = sorted(
+                {
+                    pid
+                    for pid, mode in granted[lock.lock]
+                    if pid != backend.pid and conflicts(mode, lock.mode)
+                }
+            )
+            # A wait whose start is not known yet began last (it is NULL only briefly).
+            ahead = sorted(
+                other.pid
+                for other, theirs in queue
+                if other.pid != backend.pid
+                and theirs.wait_start is not None
+                and (lock.wait_start is None or theirs.wait_start < lock.wait_start)
+                and conflicts(theirs.mode, lock.mode)
+            )
+            waiters.append(Waiter(backend, lock, tuple(blocked_by), tuple(ahead)))
+    waiters.sort(key=lambda w: (-(w.lock.wait_seconds or 0.0), w.backend.pid))
+    return tuple(waiters)
+
+
+def _contended(backends: Sequence[Backend], waiters: Sequence[Waiter]) -> tuple[ContendedKey, ...]:
+    queues: dict[tuple[int, AdvisoryKey], list[Waiter]] = {}
+    for waiter in waiters:  # the longest waiting first
+        queues.setdefault(waiter.lock.lock, []).append(waiter)
+    return tuple(
+        ContendedKey(
+            datname=queue[0].backend.datname,
+            key=queue[0].lock.key,
+            key_name=queue[0].lock.key_name,
+            holders=tuple(
+                (b.pid, held.mode) for b in backends for held in b.held if held.lock == lock
+            ),
+            waiters=tuple((w.backend.pid, w.lock.mode) for w in queue),
+        )
+        for lock, queue in queues.items()
+    )
+
+
+def assemble(
+    target: str,
+    backends: Sequence[Backend],
+    backends_total: int | None = None,
+    *,
+    poolers: Sequence[PoolerView] = (),
+    query_text: bool = False,
+    read_at: float | None = None,
+) -> Forensics:
+    """The backends of one read, with each waiter's blockers and the contended keys."""
+    waiters = _waiters(backends)
+    return Forensics(
+        target=target,
+        read_at=time.time() if read_at is None else read_at,
+        backends=tuple(backends),
+        backends_total=len(backends) if backends_total is None else backends_total,
+        waiters=waiters,
+        contended=_contended(backends, waiters),
+        query_text=query_text,
+        poolers=tuple(poolers),
+    )
+
+
+def build(
+    target: str,
+    rows: Sequence[Mapping[str, Any]],
+    registry: Registry,
+    poolers: Sequence[PoolerView] = (),
+    *,
+    query_text: bool = False,
+) -> Forensics:
+    """Map the statement's rows (backends_total is on each: the same count)."""
+    backends = [backend_from_row(row, registry, poolers) for row in rows]
+    total = rows[0]["backends_total"] if rows else 0
+    return assemble(target, backends, total, poolers=poolers, query_text=query_text)
+
+
+def read_rows(conn: psycopg.Connection[Any], settings: LocksPageSettings) -> list[dict[str, Any]]:
+    """Run the forensics statement once."""
+    sql = FORENSICS_WITH_QUERY_SQL if settings.query_text else FORENSICS_SQL
+    parameters = {
+        "locks_per_backend": LOCKS_PER_BACKEND,
+        "max_backends": MAX_BACKENDS,
+        "query_text_length": settings.query_text_length,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(sql, parameters).fetchall()
+
+
+class Unanswered(Exception):
+    """The server could not be read: down, too slow, refusing; the message has no secret."""
+
+
+@contextlib.contextmanager
+def new_session(target: TargetConfig, watchdog: Watchdog, seconds: float) -> Iterator[Session]:
+    """A new connection of its own, closed at the end, and given up after `seconds` (a
+    stopped backend or a hung proxy: the watchdog interrupts it, as a collection's)."""
+    assert target.collection is not None
+    opened: list[psycopg.Connection[Any]] = []
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        for conn in opened:
+            interrupt(conn)
+
+    conninfo = target.dsn
+    alarm = watchdog.arm(seconds, expire)
+    try:
+        conninfo = target.conninfo()
+        entries = catalog.selected(target.catalog)
+        session = open_session(
+            conninfo, target.collection, target.keys, opened.append, entries=entries
+        )
+        try:
+            yield session
+        finally:
+            session.conn.close()
+    except (psycopg.Error, CannotCollect, ValueError) as exc:
+        error = f"no answer within {seconds:g}s" if expired.is_set() else str(exc).strip()
+        raise Unanswered(redact(error, conninfo)) from None
+    finally:
+        watchdog.disarm(alarm)
+
+
+def read_poolers(
+    target: TargetConfig, watchdog: Watchdog, seconds: float
+) -> tuple[PoolerView, ...]:
+    """The target's poolers, each read on a new connection closed after it."""
+    assert target.collection is not None
+    if not target.poolers:
+        return ()
+    poolers = Poolers(target.poolers, target.collection)
+    try:
+        return poolers.read(watchdog, seconds)
+    finally:
+        poolers.close()
+
+
+def page_settings(target: TargetConfig) -> LocksPageSettings:
+    """The target's locks_page settings; a target made without config.load() (the demo's)
+    has the defaults."""
+    return target.locks_page or LocksPageSettings()
+
+
+def answer(target: TargetConfig, watchdog: Watchdog) -> Forensics:
+    """Read the target once: the server, then its poolers, all within one collection's
+    deadline (connect_timeout + statement_timeout + 1s). Raises Unanswered."""
+    assert target.collection is not None
+    settings = page_settings(target)
+    deadline = target.collection.scrape_wait
+    started = time.monotonic()
+    with new_session(target, watchdog, deadline) as session:
+        rows = read_rows(session.conn, settings)
+    views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
+    return build(target.name, rows, session.registry, views, query_text=settings.query_text)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One read's outcome: the forensics, or why there are none."""
+
+    forensics: Forensics | None
+    error: str | None
+    finished: float  # monotonic clock
+
+
+class OnDemand:
+    """One target's answers: a request within `reuse_for` of the last answer gets it, and
+    requests that arrive while a read runs wait for it, so that any number of people and
+    scripts cause at most one read of pg_locks per `reuse_for`. The read runs in the
+    caller's thread (an HTTP request's), never on the collection pool."""
+
+    def __init__(self, read: Callable[[], Forensics], reuse_for: float, wait_at_most: float):
+        self._read = read
+        self._reuse_for = reuse_for
+        self._wait_at_most = wait_at_most  # for a read that somebody else runs
+        self._cond = threading.Condition()
+        self._running = False
+        self._done = 0  # reads finished
+        self._last: Answer | None = None
+
+    def get(self) -> tuple[Answer, float]:
+        """An answer and its age in seconds."""
+        with self._cond:
+            joined = None  # the read this request waits for
+            while True:
+                last, now = self._last, time.monotonic()
+                if last is not None and (
+                    now - last.finished < self._reuse_for
+                    or (joined is not None and self._done > joined)
+                ):
+                    return last, now - last.finished
+                if not self._running:
+                    break
+                joined = self._done
+                if not self._cond.wait(self._wait_at_most):
+                    gave_up = "another read of this target is still running; try again later"
+                    return Answer(None, gave_up, now), 0.0
+            self._running = True
+        try:
+            result = self._answer()
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+        return result, 0.0
+
+    def _answer(self) -> Answer:
+        try:
+            forensics: Forensics | None = self._read()
+            error = None
+        except Unanswered as exc:
+            forensics, error = None, str(exc)
+        except Exception:  # a bug must not take down the exporter or leave waiters waiting
+            log.exception("reading the locks failed unexpectedly")
+            forensics, error = None, "internal error, see the exporter's log"
+        result = Answer(forensics, error, time.monotonic())
+        with self._cond:
+            self._last = result
+            self._done += 1
+        return result
+
+
+def on_demand(target: TargetConfig, watchdog: Watchdog) -> OnDemand:
+    """The answers of one target as its configuration says: reused for locks_page.reuse_for."""
+    assert target.collection is not None
+    # A read runs into its deadline, then its poolers' reads: wait for both, and a second.
+    wait = 2 * target.collection.scrape_wait + 1.0
+    return OnDemand(lambda: answer(target, watchdog), page_settings(target).reuse_for, wait)

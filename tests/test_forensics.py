@@ -1,0 +1,301 @@
+"""The forensics without a server: rows mapped, blockers computed, keys named, lists capped,
+answers shared, and the page escaped."""
+
+from __future__ import annotations
+
+import html
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from ipaddress import ip_network
+from typing import Any
+
+import pytest
+
+from pg_advisory_exporter.forensics import (
+    Backend,
+    Forensics,
+    LockEntry,
+    OnDemand,
+    Unanswered,
+    assemble,
+    backend_from_row,
+    conflicts,
+)
+from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from pg_advisory_exporter.locks_page import page_html, page_json
+from pg_advisory_exporter.poolers import PooledBackend, PoolerView
+from pg_advisory_exporter.registry import KeyConfig, Registry
+
+START = datetime(2026, 1, 1, 2, 0, tzinfo=UTC)
+DATABASE = 5  # the oid of "app"
+
+
+def _key(value: int) -> AdvisoryKey:
+    return AdvisoryKey(BIGINT_KEY, (value,))
+
+
+def _lock(key: int, mode: str = "exclusive", *, waiting_since: float | None = None) -> LockEntry:
+    if waiting_since is None:
+        return LockEntry(DATABASE, _key(key), mode, granted=True)
+    return LockEntry(
+        DATABASE,
+        _key(key),
+        mode,
+        granted=False,
+        wait_start=START + timedelta(seconds=waiting_since),
+        wait_seconds=100.0 - waiting_since,
+    )
+
+
+def _backend(pid: int, *locks: LockEntry, **fields: Any) -> Backend:
+    base = Backend(
+        pid=pid,
+        datname="app",
+        application_name="billing-worker",
+        client_addr="10.0.0.7",
+        client_port=40000 + pid,
+        backend_start=START,
+        state="idle",
+        state_seconds=600.0,
+        xact_start=None,
+        session_level=True,
+        lock_entries=len(locks),
+        locks=locks,
+    )
+    return replace(base, **fields)
+
+
+def _read(*backends: Backend, **fields: Any) -> Forensics:
+    return assemble("main", backends, **fields)
+
+
+def test_modes_conflict_as_the_lock_manager_says() -> None:
+    assert conflicts("exclusive", "exclusive")
+    assert conflicts("exclusive", "share")
+    assert conflicts("share", "exclusive")
+    assert not conflicts("share", "share")
+
+
+def test_a_waiter_is_blocked_by_conflicting_holders_of_its_key_only() -> None:
+    exclusive = _backend(1, _lock(42))
+    elsewhere = _backend(2, replace(_lock(42), database=DATABASE + 1))  # another database
+    other_key = _backend(3, _lock(43))
+    waiter = _backend(4, _lock(42, waiting_since=10), state="active")
+    found = _read(exclusive, elsewhere, other_key, waiter)
+    [waits] = found.waiters
+    assert waits.backend.pid == 4
+    assert waits.blocked_by == (1,)
+    assert waits.queued_behind == ()
+    [contended] = found.contended
+    assert contended.key == _key(42)
+    assert contended.holders == ((1, "exclusive"),)
+    assert contended.waiters == ((4, "exclusive"),)
+
+
+def test_share_holders_block_an_exclusive_waiter_and_queue_order_counts() -> None:
+    readers = [_backend(pid, _lock(7, "share")) for pid in (1, 2)]
+    writer = _backend(3, _lock(7, waiting_since=5), state="active")  # waits first
+    reader = _backend(4, _lock(7, "share", waiting_since=20), state="active")  # then this
+    late_writer = _backend(5, _lock(7, waiting_since=30), state="active")
+    found = _read(*readers, writer, reader, late_writer)
+    by_pid = {w.backend.pid: w for w in found.waiters}
+    assert by_pid[3].blocked_by == (1, 2)
+    assert by_pid[3].queued_behind == ()
+    # Share does not conflict with the share holders: the exclusive waiter ahead holds it up.
+    assert by_pid[4].blocked_by == ()
+    assert by_pid[4].queued_behind == (3,)
+    assert by_pid[5].blocked_by == (1, 2)
+    assert by_pid[5].queued_behind == (3, 4)
+    assert [w.backend.pid for w in found.waiters] == [3, 4, 5]  # the longest waiting first
+    [contended] = found.contended
+    assert contended.waiters == ((3, "exclusive"), (4, "share"), (5, "exclusive"))
+
+
+def test_a_wait_not_yet_timed_queues_last_and_an_upgrade_is_not_its_own_blocker() -> None:
+    holder = _backend(1, _lock(9, "share"))
+    upgrading = _backend(2, _lock(9, "share"), _lock(9, waiting_since=1), state="active")
+    unknown = _backend(3, replace(_lock(9, waiting_since=2), wait_start=None), state="active")
+    by_pid = {w.backend.pid: w for w in _read(holder, upgrading, unknown).waiters}
+    assert by_pid[2].blocked_by == (1,)
+    assert by_pid[3].blocked_by == (1, 2)
+    assert by_pid[3].queued_behind == (2,)
+    assert by_pid[2].queued_behind == ()
+
+
+def _registry() -> Registry:
+    configs = [
+        KeyConfig(name="billing_batch", key=4242),
+        KeyConfig(name="negative", key=-7),
+        KeyConfig(name="tenant_export", pair=(3001, -7)),
+        KeyConfig(name="signup", namespace=1001),
+        KeyConfig(name="billing_leader", key=42, databases=("billing",)),
+    ]
+    catalog = [KeyConfig(name="sqitch", key=75474063)]
+    return Registry.resolve(configs, lambda texts, seeds: [], catalog)
+
+
+def _columns(key: AdvisoryKey) -> tuple[int, int, int]:
+    """pg_locks' objsubid, classid and objid for a key: unsigned halves."""
+    if key.objsubid == BIGINT_KEY:
+        value = key.parts[0] & 0xFFFFFFFFFFFFFFFF
+        return BIGINT_KEY, value >> 32, value & 0xFFFFFFFF
+    return INT_PAIR_KEY, key.parts[0] & 0xFFFFFFFF, key.parts[1] & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize(
+    ("key", "datname", "name"),
+    [
+        (_key(4242), "app", "billing_batch"),
+        (_key(-7), "app", "negative"),
+        (AdvisoryKey(INT_PAIR_KEY, (3001, -7)), "app", "tenant_export"),
+        (AdvisoryKey(INT_PAIR_KEY, (1001, 12345)), "app", "signup"),
+        (AdvisoryKey(INT_PAIR_KEY, (1002, 12345)), "app", None),
+        (_key(42), "billing", "billing_leader"),
+        (_key(42), "app", None),  # registered for billing only
+        (_key(75474063), "app", "sqitch"),
+        (AdvisoryKey(INT_PAIR_KEY, (0, 4242)), "app", None),  # another key space
+    ],
+)
+def test_keys_are_named_as_the_collection_names_them(
+    key: AdvisoryKey, datname: str, name: str | None
+) -> None:
+    found = _registry().lookup(*_columns(key), datname)
+    assert (found.name if found else None) == name
+
+
+def _row(pid: int, locks: Sequence[Sequence[Any]], **fields: Any) -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "lock_entries": len(locks),
+        "backends_total": 1,
+        "locks": [list(lock) for lock in locks],
+        "datname": "app",
+        "application_name": "billing-worker",
+        "outside_transaction": True,
+        "client_addr": "10.0.0.7",
+        "client_port": 41000,
+        "backend_start": START,
+        "state": "idle",
+        "state_seconds": 12.5,
+        "xact_start": None,
+        **fields,
+    }
+
+
+def test_rows_are_mapped_with_key_names_levels_and_poolers() -> None:
+    pair = _columns(AdvisoryKey(INT_PAIR_KEY, (3001, -7)))
+    waiting = _columns(_key(75474063))
+    row = _row(
+        10,
+        [
+            [DATABASE, waiting[1], waiting[2], BIGINT_KEY, "ExclusiveLock", False,
+             "2026-01-01T02:00:00.25+00:00", -0.001],
+            [DATABASE, pair[1], pair[2], INT_PAIR_KEY, "ShareLock", True, None, None],
+        ],
+        state="idle in transaction",
+        outside_transaction=False,
+    )  # fmt: skip
+    # A pooler known by its addresses: every backend whose client comes from them is its.
+    views = [
+        PoolerView("pgbouncer", networks=(ip_network("10.0.0.0/24"),), pool_mode="transaction")
+    ]
+    backend = backend_from_row(row, _registry(), views)
+    assert backend.awaited is not None
+    assert backend.awaited.key == _key(75474063)
+    assert (backend.awaited.key_name, backend.awaited.catalog) == ("sqitch", True)
+    assert backend.awaited.wait_start == START + timedelta(seconds=0.25)
+    assert backend.awaited.wait_seconds == 0.0  # began after the statement did
+    [held] = backend.held
+    assert held.key == AdvisoryKey(INT_PAIR_KEY, (3001, -7))
+    assert (held.key_name, held.mode) == ("tenant_export", "share")
+    assert backend.held_entries == 1
+    # Inside a transaction pg_locks cannot tell: not certainly session-level, not stranded.
+    assert backend.session_level is False
+    assert backend.pooled == PooledBackend("pgbouncer", "", "transaction")
+    assert not backend.stranded
+    idle = backend_from_row({**row, "state": "idle"}, _registry(), views)
+    assert idle.session_level
+    assert idle.stranded
+    assert backend_from_row({**row, "client_addr": "10.0.1.7"}, _registry(), views).pooled is None
+
+
+def test_caps_say_what_they_left_out() -> None:
+    listed = tuple(_lock(i) for i in range(50))
+    busy = _backend(1, *listed, lock_entries=100_000)
+    found = _read(busy, backends_total=700)
+    assert found.backends_left_out == 699
+    assert busy.held_entries == 100_000
+    assert busy.held_left_out == 100_000 - 50
+    page = page_json(found, 1.5)
+    [holder] = page["holders"]
+    assert len(holder["locks"]) == 50
+    assert holder["locks_left_out"] == 99_950
+    assert page["backends_left_out"] == 699
+    assert "699 backends are left out" in page_html(found, 1.5)
+    assert "99,950 more" in page_html(found, 1.5)
+
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def test_hostile_values_are_escaped_in_the_page_and_kept_in_json() -> None:
+    holder = _backend(1, _lock(1), application_name=HOSTILE, query=f"SELECT '{HOSTILE}'")
+    waiter = _backend(2, _lock(1, waiting_since=1), datname=HOSTILE, state="active")
+    found = _read(holder, waiter, query_text=True)
+    text = page_html(found, 0.0)
+    assert "<script" not in text
+    assert html.escape(HOSTILE) in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&#x27;</code>" in text  # the query, too
+    assert "pg_terminate_backend(1)" in text
+    page = page_json(found, 0.0)
+    assert json.loads(json.dumps(page))["holders"][0]["application_name"] == HOSTILE
+    assert page["holders"][0]["query"] == f"SELECT '{HOSTILE}'"
+    without = page_json(replace(found, query_text=False), 0.0)
+    assert "query" not in without["holders"][0]
+    assert "SELECT '" not in page_html(replace(found, query_text=False), 0.0)
+
+
+def test_concurrent_requests_share_one_read_and_later_ones_reuse_it() -> None:
+    reads: list[float] = []
+    release = threading.Event()
+
+    def read() -> Forensics:
+        reads.append(time.monotonic())
+        release.wait(5)
+        return _read()
+
+    answers = OnDemand(read, reuse_for=0.3, wait_at_most=5)
+    results: list[tuple[Any, float]] = []
+    threads = [threading.Thread(target=lambda: results.append(answers.get())) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert len(reads) == 1
+    assert len({id(answer) for answer, _ in results}) == 1
+    answer, age = answers.get()
+    assert answer is results[0][0]
+    assert age >= 0
+    time.sleep(0.35)
+    assert answers.get()[0] is not answer
+    assert len(reads) == 2
+
+
+def test_a_failed_read_is_an_answer_and_a_bug_does_not_escape() -> None:
+    def down() -> Forensics:
+        raise Unanswered("connection refused")
+
+    answer, _ = OnDemand(down, reuse_for=1, wait_at_most=1).get()
+    assert (answer.forensics, answer.error) == (None, "connection refused")
+
+    def bug() -> Forensics:
+        raise KeyError("oops")
+
+    answer, _ = OnDemand(bug, reuse_for=1, wait_at_most=1).get()
+    assert answer.error == "internal error, see the exporter's log"

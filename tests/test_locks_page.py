@@ -1,0 +1,312 @@
+"""/locks against a real server: a holder, a waiter it blocks, the page as JSON and as HTML
+(rendered by a real headless Chromium), the rate limit counted in the server's own log."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import psycopg
+import pytest
+import yaml
+from support import (
+    MONITOR_PASSWORD,
+    Config,
+    Connection,
+    RunningExporter,
+    Session,
+    StartExporter,
+    basic_auth,
+    wait_until,
+)
+
+from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
+from pg_advisory_exporter.forensics import LOCKS_PER_BACKEND
+
+KEY = 4242
+# The waiter's statement: its text must never reach the page unless query text is on.
+WAITER_SQL = f"SELECT pg_advisory_lock({KEY}) /* waiter-secret-text */"
+SECRET = "waiter-secret-text"
+# Only the forensics statement names this CTE: each occurrence in the server log is one read.
+FORENSICS_READ = "forensic_locks AS MATERIALIZED"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
+
+
+@dataclass
+class Contention:
+    holder: int  # pid
+    waiter: int  # pid
+
+
+@pytest.fixture
+def contention(pg: EmbeddedPostgres, session: Session) -> Iterator[Contention]:
+    """ "billing-worker" holds KEY, idle; "billing-waiter" waits for it in a thread."""
+    holder = session("billing-worker")
+    holder.execute(f"SELECT pg_advisory_lock({KEY})")
+    waiter = session("billing-waiter")
+    waiter_pid = waiter.info.backend_pid
+    blocked = threading.Thread(target=_wait_for_lock, args=(waiter,), daemon=True)
+    blocked.start()
+    with pg.connect() as admin:
+
+        def waiting() -> bool:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (waiter_pid,)
+            ).fetchone()
+            return row is not None and row[0] == 1
+
+        wait_until(waiting, 10, "the waiter blocked on the holder")
+    yield Contention(holder.info.backend_pid, waiter_pid)
+    holder.execute(f"SELECT pg_advisory_unlock({KEY})")  # the waiter gets it and returns
+    blocked.join(timeout=10)
+
+
+def _wait_for_lock(conn: Connection) -> None:
+    with contextlib.suppress(psycopg.Error):  # cancelled at the end of the test
+        conn.execute(WAITER_SQL)
+
+
+def _config(dsn: str, **locks_page: Any) -> Config:
+    target: dict[str, Any] = {"name": "main", "dsn": dsn}
+    if locks_page:
+        target["locks_page"] = locks_page
+    return {
+        "collection": {"min_interval": "1ms", "reconnect_backoff_max": "1s"},
+        "keys": [{"name": "billing_batch", "key": KEY}],
+        "targets": [target],
+    }
+
+
+def _json(exporter: RunningExporter, query: str = "target=main&format=json") -> dict[str, Any]:
+    status, body = exporter.get(f"/locks?{query}")
+    assert status == 200, body
+    found: dict[str, Any] = json.loads(body)
+    return found
+
+
+def _reads(pg: EmbeddedPostgres) -> int:
+    return pg.logfile.read_text(errors="replace").count(FORENSICS_READ)
+
+
+def test_holder_waiter_and_blocker_as_json(
+    start_exporter: StartExporter, monitor_dsn: str, contention: Contention
+) -> None:
+    exporter = start_exporter(config=_config(monitor_dsn))
+    page = _json(exporter)
+    assert page["target"] == "main"
+    assert page["query_text"] is False
+    [holder] = [h for h in page["holders"] if h["pid"] == contention.holder]
+    assert holder["application_name"] == "billing-worker"
+    assert holder["client_addr"] == "127.0.0.1"
+    assert isinstance(holder["client_port"], int)
+    assert holder["backend_start"]
+    assert holder["state"] == "idle"
+    assert holder["session_level"] is True
+    assert holder["terminate"] == f"SELECT pg_terminate_backend({contention.holder})"
+    assert holder["held_entries"] == 1
+    [lock] = holder["locks"]
+    assert (lock["key"], lock["key_name"], lock["key_source"]) == (
+        str(KEY),
+        "billing_batch",
+        "registry",
+    )
+    assert (lock["mode"], lock["granted"]) == ("exclusive", True)
+    assert "query" not in holder  # not read at all when off
+
+    [waiter] = page["waiters"]
+    assert waiter["pid"] == contention.waiter
+    assert waiter["application_name"] == "billing-waiter"
+    assert waiter["blocked_by"] == [contention.holder]
+    assert waiter["queued_behind"] == []
+    assert waiter["awaits"]["key"] == str(KEY)
+    assert waiter["awaits"]["key_name"] == "billing_batch"
+    assert waiter["awaits"]["wait_seconds"] >= 0
+    assert waiter["terminate"] == f"SELECT pg_terminate_backend({contention.waiter})"
+
+    [contended] = page["contended_keys"]
+    assert contended["holders"] == [{"pid": contention.holder, "mode": "exclusive"}]
+    assert contended["waiters"] == [{"pid": contention.waiter, "mode": "exclusive"}]
+    # The exporter's own backend is never listed.
+    assert page["backends_total"] == 2
+
+    status, html_page = exporter.get("/locks?target=main")
+    assert status == 200
+    assert "<h2>Waiters (1)</h2>" in html_page
+    for text in (json.dumps(page), html_page):
+        assert SECRET not in text
+    # A client that asks for JSON gets it without the parameter.
+    status, body = exporter.get("/locks?target=main", {"Accept": "application/json"})
+    assert status == 200
+    assert json.loads(body)["target"] == "main"
+
+
+def test_query_text_only_when_on_and_cut_on_the_server(
+    start_exporter: StartExporter, monitor_dsn: str, contention: Contention
+) -> None:
+    exporter = start_exporter(config=_config(monitor_dsn, query_text=True, query_text_length=10))
+    page = _json(exporter)
+    assert page["query_text"] is True
+    [waiter] = page["waiters"]
+    assert waiter["query"] == WAITER_SQL[:10]
+    _, html_page = exporter.get("/locks?target=main")
+    assert WAITER_SQL[:10] in html_page
+    for text in (json.dumps(page), html_page):
+        assert SECRET not in text
+
+
+def test_requests_close_together_share_one_read(
+    pg: EmbeddedPostgres, start_exporter: StartExporter, monitor_dsn: str, contention: Contention
+) -> None:
+    exporter = start_exporter(config=_config(monitor_dsn, reuse_for="3s"))
+    before = _reads(pg)
+    # Concurrent requests wait for the one read; those that follow within reuse_for get it.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        pages = list(pool.map(lambda _: _json(exporter), range(4)))
+    second = _json(exporter)
+    assert {p["read_at"] for p in [*pages, second]} == {pages[0]["read_at"]}
+    wait_until(lambda: _reads(pg) == before + 1, 5, "one read in the server log")
+    assert second["age_seconds"] > 0
+    time.sleep(3.2)
+    third = _json(exporter)
+    assert third["age_seconds"] == 0
+    wait_until(lambda: _reads(pg) == before + 2, 5, "a second read after reuse_for")
+    time.sleep(0.5)
+    assert _reads(pg) == before + 2
+    # A scrape never reads it.
+    exporter.scrape()
+    time.sleep(0.5)
+    assert _reads(pg) == before + 2
+
+
+def test_a_busy_holder_is_capped_and_its_contended_key_still_listed(
+    pg: EmbeddedPostgres, start_exporter: StartExporter, monitor_dsn: str, session: Session
+) -> None:
+    busy = session("busy-worker")
+    busy.execute("SELECT pg_advisory_lock(k) FROM generate_series(1, 60) AS k")
+    waiter = session("late-worker")
+    blocked = threading.Thread(target=_lock_60, args=(waiter,), daemon=True)
+    blocked.start()
+    with pg.connect() as admin:
+        wait_until(
+            lambda: (
+                admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone() == (1,)
+            ),
+            10,
+            "the waiter blocked",
+        )
+    page = _json(start_exporter(config=_config(monitor_dsn)))
+    [holder] = page["holders"]
+    assert holder["held_entries"] == 60
+    assert len(holder["locks"]) == LOCKS_PER_BACKEND
+    assert holder["locks_left_out"] == 60 - LOCKS_PER_BACKEND
+    assert holder["locks"][0]["key"] == "60"  # the contended key first, past the cap or not
+    [waits] = page["waiters"]
+    assert waits["blocked_by"] == [busy.info.backend_pid]
+    busy.execute("SELECT pg_advisory_unlock_all()")
+    blocked.join(timeout=10)
+
+
+def _lock_60(conn: Connection) -> None:
+    with contextlib.suppress(psycopg.Error):  # cancelled at the end of the test
+        conn.execute("SELECT pg_advisory_lock(60)")
+
+
+def test_bad_requests_and_unknown_targets(start_exporter: StartExporter, monitor_dsn: str) -> None:
+    exporter = start_exporter(config=_config(monitor_dsn))
+    assert exporter.get("/locks")[0] == 400
+    assert exporter.get("/locks?target=main&target=main")[0] == 400
+    assert exporter.get("/locks?target=main&format=xml")[0] == 400
+    status, body = exporter.get("/locks?target=host%3Ddb.example")
+    assert status == 404
+    assert "main" in body
+    status, landing = exporter.get("/")
+    assert 'href="/locks?target=main"' in landing
+
+
+def test_a_server_that_is_down_answers_503_and_the_exporter_carries_on(
+    start_exporter: StartExporter,
+) -> None:
+    port = free_port()  # nobody listens there
+    dsn = f"host=127.0.0.1 port={port} user=monitor dbname=postgres password={MONITOR_PASSWORD}"
+    exporter = start_exporter(config=_config(dsn))
+    status, body = exporter.get("/locks?target=main&format=json")
+    assert status == 503
+    answer = json.loads(body)
+    assert answer["target"] == "main"
+    assert "127.0.0.1" in answer["error"]
+    assert MONITOR_PASSWORD not in body
+    status, html_page = exporter.get("/locks?target=main")
+    assert status == 503
+    assert "Cannot read the server" in html_page
+    assert MONITOR_PASSWORD not in html_page
+    assert exporter.scrape().value("pg_advisory_up", target="main") == 0
+    assert exporter.get("/-/healthy") == (200, "OK\n")
+
+
+def test_head_answers_without_a_body(start_exporter: StartExporter, monitor_dsn: str) -> None:
+    exporter = start_exporter(config=_config(monitor_dsn))
+    assert exporter.get("/locks?target=main", method="HEAD") == (200, "")
+    assert exporter.get("/locks?target=main", method="POST")[0] == 405
+
+
+def test_the_web_configuration_guards_locks(
+    start_exporter: StartExporter, monitor_dsn: str, tmp_path: Path
+) -> None:
+    password = "locks-Pw-91c2"
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+    web.write_text(yaml.safe_dump({"basic_auth_users": {"admin": hashed}}))
+    exporter = start_exporter("--web.config.file", str(web), config=_config(monitor_dsn))
+    assert exporter.get("/locks?target=main")[0] == 401
+    assert exporter.get("/locks?target=main", basic_auth("admin", "wrong"))[0] == 401
+    assert exporter.get("/locks?target=main", basic_auth("admin", password))[0] == 200
+
+
+def test_chromium_renders_the_page(
+    start_exporter: StartExporter,
+    monitor_dsn: str,
+    contention: Contention,
+    chromium: str,
+    tmp_path: Path,
+) -> None:
+    exporter = start_exporter(config=_config(monitor_dsn))
+    url = f"{exporter.base}/locks?target=main"
+    dom = _chromium(chromium, tmp_path, "--dump-dom", url).stdout
+    assert f"SELECT pg_terminate_backend({contention.holder})" in dom
+    assert f"<td>{contention.holder}</td>" in dom
+    assert "billing_batch" in dom
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    png = ARTIFACTS / "locks-page.png"
+    png.unlink(missing_ok=True)
+    _chromium(chromium, tmp_path, f"--screenshot={png}", "--window-size=1280,900", url)
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(data) > 10_000, f"a {len(data)}-byte screenshot is blank"
+
+
+def _chromium(binary: str, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium with a profile of its own under `home` (removed with it)."""
+    profile = home / "chromium"
+    command = [binary, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
+               "--disable-dev-shm-usage", f"--user-data-dir={profile}", *args]  # fmt: skip
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home),
+        "XDG_CACHE_HOME": str(home),
+    }
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    return result
