@@ -31,7 +31,12 @@ from support import (
 )
 
 from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
-from pg_advisory_exporter.forensics import LOCKS_PER_BACKEND
+from pg_advisory_exporter.forensics import (
+    FORENSICS_SQL,
+    FORENSICS_WITH_QUERY_SQL,
+    LOCKS_PER_BACKEND,
+    MAX_BACKENDS,
+)
 
 KEY = 4242
 # The waiter's statement: its text must never reach the page unless query text is on.
@@ -310,3 +315,20 @@ def _chromium(binary: str, home: Path, *args: str) -> subprocess.CompletedProces
     )
     assert result.returncode == 0, result.stderr
     return result
+
+
+def _function_scans(plan: dict[str, Any], name: str) -> int:
+    own = int(plan.get("Function Name") == name)
+    return own + sum(_function_scans(child, name) for child in plan.get("Plans", ()))
+
+
+@pytest.mark.parametrize("sql", [FORENSICS_SQL, FORENSICS_WITH_QUERY_SQL], ids=["plain", "query"])
+def test_the_statement_reads_pg_locks_once(pg: EmbeddedPostgres, sql: str) -> None:
+    # pg_locks is pg_lock_status(): each scan of it copies the whole lock table under every
+    # lock-manager partition lock. The plan must scan it once, however the CTE is used.
+    parameters = {"locks_per_backend": LOCKS_PER_BACKEND, "max_backends": MAX_BACKENDS,
+                  "query_text_length": 10}  # fmt: skip
+    with pg.connect() as conn:
+        row = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", parameters).fetchone()
+    assert row is not None
+    assert _function_scans(row[0][0]["Plan"], "pg_lock_status") == 1
