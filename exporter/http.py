@@ -167,6 +167,15 @@ def make_app(exported: Exported) -> WsgiApp:
         finally:
             current_scrape.reset(token)
 
+    def unknown(start_response: StartResponse, path: str, name: str) -> list[bytes]:
+        known = ", ".join(t.name for t in exported.targets())
+        return _text(
+            start_response,
+            "404 Not Found",
+            f"unknown target {name!r}: {path} takes the name of a configured target "
+            f"({known}), never a host or a DSN",
+        )
+
     def probe(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         # Only names from the configuration: a host or a DSN in a URL would let anyone
         # who can reach the exporter make it connect anywhere.
@@ -175,13 +184,7 @@ def make_app(exported: Exported) -> WsgiApp:
             return _text(start_response, "400 Bad Request", "give one ?target=NAME")
         target = exported.target(names[0])
         if target is None:
-            known = ", ".join(t.name for t in exported.targets())
-            return _text(
-                start_response,
-                "404 Not Found",
-                f"unknown target {names[0]!r}: /probe takes the name of a configured "
-                f"target ({known}), never a host or a DSN",
-            )
+            return unknown(start_response, PROBE_PATH, names[0])
         registry = CollectorRegistry()
         registry.register(ProbeCollector(target, exported.pool, exported.external_url))
         return exposition(make_wsgi_app(registry), environ, start_response)
@@ -198,13 +201,7 @@ def make_app(exported: Exported) -> WsgiApp:
             return _text(start_response, "400 Bad Request", "format is json or html")
         reply = exported.locks(names[0])
         if reply is None:
-            known = ", ".join(t.name for t in exported.targets())
-            return _text(
-                start_response,
-                "404 Not Found",
-                f"unknown target {names[0]!r}: /locks takes the name of a configured "
-                f"target ({known})",
-            )
+            return unknown(start_response, LOCKS_PATH, names[0])
         return _locks_answer(start_response, names[0], reply, as_json)
 
     def reload(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:

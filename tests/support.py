@@ -4,16 +4,19 @@ scraping the exporter, and the types of the fixtures in conftest.py."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import TupleRow
 
 from pg_advisory_exporter.capacity import CapacitySettings
-from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR
+from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
+from pg_advisory_exporter.forensics import Backend, LockEntry
 from pg_advisory_exporter.snapshot import BackendLocks, ServerSnapshot
 
 PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
@@ -92,6 +96,50 @@ def wait_until(
         if time.monotonic() > deadline:
             pytest.fail(f"not within {timeout}s: {what() if callable(what) else what}")
         time.sleep(interval)
+
+
+# A backend as the /locks page's read maps it: idle, outside any transaction, holding
+# `locks`; for the tests that need no server, to vary with keyword fields.
+BACKEND_START = datetime(2026, 1, 1, 2, 0, tzinfo=UTC)
+
+
+def forensic_backend(pid: int, *locks: LockEntry, **fields: Any) -> Backend:
+    base = Backend(
+        pid=pid,
+        datname="app",
+        application_name="billing-worker",
+        client_addr="10.0.0.7",
+        client_port=40000 + pid,
+        backend_start=BACKEND_START,
+        state="idle",
+        state_seconds=600.0,
+        xact_start=None,
+        session_level=True,
+        lock_entries=len(locks),
+        locks=locks,
+    )
+    return replace(base, **fields)
+
+
+def block_on(pg: EmbeddedPostgres, waiter: psycopg.Connection[Any], sql: str) -> threading.Thread:
+    """Run `sql` (a lock someone holds) on `waiter` in a thread; return once pg_locks shows
+    the waiter waiting. The thread ends when the lock is granted or the session cancelled."""
+
+    def run() -> None:
+        with contextlib.suppress(psycopg.Error):  # cancelled at the end of the test
+            waiter.execute(sql)
+
+    pid = waiter.info.backend_pid
+    blocked = threading.Thread(target=run, daemon=True)
+    blocked.start()
+    with pg.connect() as admin:
+
+        def waiting() -> bool:
+            query = "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted"
+            return admin.execute(query, (pid,)).fetchone() == (1,)
+
+        wait_until(waiting, 10, f"the waiter blocked on: {sql}")
+    return blocked
 
 
 def cli_command(*args: str) -> list[str]:

@@ -9,11 +9,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from ipaddress import ip_network
 from typing import Any
 
 import pytest
+from support import BACKEND_START, forensic_backend
 
 from pg_advisory_exporter.forensics import (
     Backend,
@@ -30,7 +31,6 @@ from pg_advisory_exporter.locks_page import page_html, page_json
 from pg_advisory_exporter.poolers import PooledBackend, PoolerView
 from pg_advisory_exporter.registry import KeyConfig, Registry
 
-START = datetime(2026, 1, 1, 2, 0, tzinfo=UTC)
 DATABASE = 5  # the oid of "app"
 
 
@@ -46,27 +46,9 @@ def _lock(key: int, mode: str = "exclusive", *, waiting_since: float | None = No
         _key(key),
         mode,
         granted=False,
-        wait_start=START + timedelta(seconds=waiting_since),
+        wait_start=BACKEND_START + timedelta(seconds=waiting_since),
         wait_seconds=100.0 - waiting_since,
     )
-
-
-def _backend(pid: int, *locks: LockEntry, **fields: Any) -> Backend:
-    base = Backend(
-        pid=pid,
-        datname="app",
-        application_name="billing-worker",
-        client_addr="10.0.0.7",
-        client_port=40000 + pid,
-        backend_start=START,
-        state="idle",
-        state_seconds=600.0,
-        xact_start=None,
-        session_level=True,
-        lock_entries=len(locks),
-        locks=locks,
-    )
-    return replace(base, **fields)
 
 
 def _read(*backends: Backend, **fields: Any) -> Forensics:
@@ -81,10 +63,10 @@ def test_modes_conflict_as_the_lock_manager_says() -> None:
 
 
 def test_a_waiter_is_blocked_by_conflicting_holders_of_its_key_only() -> None:
-    exclusive = _backend(1, _lock(42))
-    elsewhere = _backend(2, replace(_lock(42), database=DATABASE + 1))  # another database
-    other_key = _backend(3, _lock(43))
-    waiter = _backend(4, _lock(42, waiting_since=10), state="active")
+    exclusive = forensic_backend(1, _lock(42))
+    elsewhere = forensic_backend(2, replace(_lock(42), database=DATABASE + 1))  # another database
+    other_key = forensic_backend(3, _lock(43))
+    waiter = forensic_backend(4, _lock(42, waiting_since=10), state="active")
     found = _read(exclusive, elsewhere, other_key, waiter)
     [waits] = found.waiters
     assert waits.backend.pid == 4
@@ -97,10 +79,10 @@ def test_a_waiter_is_blocked_by_conflicting_holders_of_its_key_only() -> None:
 
 
 def test_share_holders_block_an_exclusive_waiter_and_queue_order_counts() -> None:
-    readers = [_backend(pid, _lock(7, "share")) for pid in (1, 2)]
-    writer = _backend(3, _lock(7, waiting_since=5), state="active")  # waits first
-    reader = _backend(4, _lock(7, "share", waiting_since=20), state="active")  # then this
-    late_writer = _backend(5, _lock(7, waiting_since=30), state="active")
+    readers = [forensic_backend(pid, _lock(7, "share")) for pid in (1, 2)]
+    writer = forensic_backend(3, _lock(7, waiting_since=5), state="active")  # waits first
+    reader = forensic_backend(4, _lock(7, "share", waiting_since=20), state="active")  # then this
+    late_writer = forensic_backend(5, _lock(7, waiting_since=30), state="active")
     found = _read(*readers, writer, reader, late_writer)
     by_pid = {w.backend.pid: w for w in found.waiters}
     assert by_pid[3].blocked_by == (1, 2)
@@ -116,9 +98,11 @@ def test_share_holders_block_an_exclusive_waiter_and_queue_order_counts() -> Non
 
 
 def test_a_wait_not_yet_timed_queues_last_and_an_upgrade_is_not_its_own_blocker() -> None:
-    holder = _backend(1, _lock(9, "share"))
-    upgrading = _backend(2, _lock(9, "share"), _lock(9, waiting_since=1), state="active")
-    unknown = _backend(3, replace(_lock(9, waiting_since=2), wait_start=None), state="active")
+    holder = forensic_backend(1, _lock(9, "share"))
+    upgrading = forensic_backend(2, _lock(9, "share"), _lock(9, waiting_since=1), state="active")
+    unknown = forensic_backend(
+        3, replace(_lock(9, waiting_since=2), wait_start=None), state="active"
+    )
     by_pid = {w.backend.pid: w for w in _read(holder, upgrading, unknown).waiters}
     assert by_pid[2].blocked_by == (1,)
     assert by_pid[3].blocked_by == (1, 2)
@@ -178,7 +162,7 @@ def _row(pid: int, locks: Sequence[Sequence[Any]], **fields: Any) -> dict[str, A
         "outside_transaction": True,
         "client_addr": "10.0.0.7",
         "client_port": 41000,
-        "backend_start": START,
+        "backend_start": BACKEND_START,
         "state": "idle",
         "state_seconds": 12.5,
         "xact_start": None,
@@ -207,7 +191,7 @@ def test_rows_are_mapped_with_key_names_levels_and_poolers() -> None:
     assert backend.awaited is not None
     assert backend.awaited.key == _key(75474063)
     assert (backend.awaited.key_name, backend.awaited.catalog) == ("sqitch", True)
-    assert backend.awaited.wait_start == START + timedelta(seconds=0.25)
+    assert backend.awaited.wait_start == BACKEND_START + timedelta(seconds=0.25)
     assert backend.awaited.wait_seconds == 0.0  # began after the statement did
     [held] = backend.held
     assert held.key == AdvisoryKey(INT_PAIR_KEY, (3001, -7))
@@ -225,7 +209,7 @@ def test_rows_are_mapped_with_key_names_levels_and_poolers() -> None:
 
 def test_caps_say_what_they_left_out() -> None:
     listed = tuple(_lock(i) for i in range(50))
-    busy = _backend(1, *listed, lock_entries=100_000)
+    busy = forensic_backend(1, *listed, lock_entries=100_000)
     found = _read(busy, backends_total=700)
     assert found.backends_left_out == 699
     assert busy.held_entries == 100_000
@@ -243,8 +227,8 @@ HOSTILE = "<script>alert(1)</script>"
 
 
 def test_hostile_values_are_escaped_in_the_page_and_kept_in_json() -> None:
-    holder = _backend(1, _lock(1), application_name=HOSTILE, query=f"SELECT '{HOSTILE}'")
-    waiter = _backend(2, _lock(1, waiting_since=1), datname=HOSTILE, state="active")
+    holder = forensic_backend(1, _lock(1), application_name=HOSTILE, query=f"SELECT '{HOSTILE}'")
+    waiter = forensic_backend(2, _lock(1, waiting_since=1), datname=HOSTILE, state="active")
     found = _read(holder, waiter, query_text=True)
     text = page_html(found, 0.0)
     assert "<script" not in text

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,17 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import psycopg
 import pytest
 import yaml
 from support import (
     MONITOR_PASSWORD,
     Config,
-    Connection,
     RunningExporter,
     Session,
     StartExporter,
     basic_auth,
+    block_on,
     wait_until,
 )
 
@@ -60,25 +57,10 @@ def contention(pg: EmbeddedPostgres, session: Session) -> Iterator[Contention]:
     holder.execute(f"SELECT pg_advisory_lock({KEY})")
     waiter = session("billing-waiter")
     waiter_pid = waiter.info.backend_pid
-    blocked = threading.Thread(target=_wait_for_lock, args=(waiter,), daemon=True)
-    blocked.start()
-    with pg.connect() as admin:
-
-        def waiting() -> bool:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (waiter_pid,)
-            ).fetchone()
-            return row is not None and row[0] == 1
-
-        wait_until(waiting, 10, "the waiter blocked on the holder")
+    blocked = block_on(pg, waiter, WAITER_SQL)
     yield Contention(holder.info.backend_pid, waiter_pid)
     holder.execute(f"SELECT pg_advisory_unlock({KEY})")  # the waiter gets it and returns
     blocked.join(timeout=10)
-
-
-def _wait_for_lock(conn: Connection) -> None:
-    with contextlib.suppress(psycopg.Error):  # cancelled at the end of the test
-        conn.execute(WAITER_SQL)
 
 
 def _config(dsn: str, **locks_page: Any) -> Config:
@@ -199,16 +181,7 @@ def test_a_busy_holder_is_capped_and_its_contended_key_still_listed(
     busy = session("busy-worker")
     busy.execute("SELECT pg_advisory_lock(k) FROM generate_series(1, 60) AS k")
     waiter = session("late-worker")
-    blocked = threading.Thread(target=_lock_60, args=(waiter,), daemon=True)
-    blocked.start()
-    with pg.connect() as admin:
-        wait_until(
-            lambda: (
-                admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone() == (1,)
-            ),
-            10,
-            "the waiter blocked",
-        )
+    blocked = block_on(pg, waiter, "SELECT pg_advisory_lock(60)")
     page = _json(start_exporter(config=_config(monitor_dsn)))
     [holder] = page["holders"]
     assert holder["held_entries"] == 60
@@ -219,11 +192,6 @@ def test_a_busy_holder_is_capped_and_its_contended_key_still_listed(
     assert waits["blocked_by"] == [busy.info.backend_pid]
     busy.execute("SELECT pg_advisory_unlock_all()")
     blocked.join(timeout=10)
-
-
-def _lock_60(conn: Connection) -> None:
-    with contextlib.suppress(psycopg.Error):  # cancelled at the end of the test
-        conn.execute("SELECT pg_advisory_lock(60)")
 
 
 def test_bad_requests_and_unknown_targets(start_exporter: StartExporter, monitor_dsn: str) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from pgbouncer import SESSION_POOL, STATS_PASSWORD, TRANSACTION_POOL, PgBouncer
 from support import Config, OneTarget, Scrape, StartExporter
 
@@ -30,6 +31,14 @@ def _console(bouncer: PgBouncer, tmp_path: Path, name: str = "pgbouncer") -> dic
             "password_file": str(password)}  # fmt: skip
 
 
+@pytest.fixture
+def watched(
+    pgbouncer: PgBouncer, one_target: OneTarget, monitor_dsn: str, tmp_path: Path
+) -> Config:
+    """A target whose PgBouncer is read through its admin console."""
+    return _with_poolers(one_target, monitor_dsn, _console(pgbouncer, tmp_path))
+
+
 def _strand(bouncer: PgBouncer, key: int, application_name: str = "nightly-job") -> None:
     """A job takes a session lock through the transaction pool and finishes: its client
     disconnects, but the server connection, with the lock, goes back to the pool."""
@@ -42,14 +51,9 @@ def _stranded(scrape: Scrape, **labels: str) -> float:
 
 
 def test_a_session_lock_stranded_in_a_transaction_pool_is_counted_with_its_pool(
-    pgbouncer: PgBouncer,
-    start_exporter: StartExporter,
-    one_target: OneTarget,
-    monitor_dsn: str,
-    tmp_path: Path,
+    pgbouncer: PgBouncer, start_exporter: StartExporter, watched: Config
 ) -> None:
-    config = _with_poolers(one_target, monitor_dsn, _console(pgbouncer, tmp_path))
-    exporter = start_exporter(config=config)
+    exporter = start_exporter(config=watched)
     # Read and found clean: a 0, so that the series' absence would mean "not watched".
     scrape = exporter.scrape_until(lambda s: bool(s.find("pg_advisory_pooler_up")))
     assert scrape.value("pg_advisory_pooler_up", target="main", pooler="pgbouncer") == 1
@@ -80,11 +84,7 @@ def test_a_session_lock_stranded_in_a_transaction_pool_is_counted_with_its_pool(
 
 
 def test_a_session_lock_through_a_session_pool_is_not_stranded(
-    pgbouncer: PgBouncer,
-    start_exporter: StartExporter,
-    one_target: OneTarget,
-    monitor_dsn: str,
-    tmp_path: Path,
+    pgbouncer: PgBouncer, start_exporter: StartExporter, watched: Config
 ) -> None:
     # A session pool gives the client the server connection until it disconnects: its
     # session lock is its own, held while idle, and not stranded.
@@ -92,8 +92,7 @@ def test_a_session_lock_through_a_session_pool_is_not_stranded(
         pgbouncer.dsn(SESSION_POOL), autocommit=True, application_name="session-job"
     ) as job:
         job.execute("SELECT pg_advisory_lock(778)")
-        config = _with_poolers(one_target, monitor_dsn, _console(pgbouncer, tmp_path))
-        exporter = start_exporter(config=config)
+        exporter = start_exporter(config=watched)
         holder = {"target": "main", "datname": "postgres", "application_name": "session-job"}
         scrape = exporter.scrape_until(
             lambda s: (
@@ -156,15 +155,10 @@ def test_a_pooler_known_by_its_addresses(
 
 
 def test_a_frozen_pooler_costs_a_scrape_no_more_than_its_deadline(
-    pgbouncer: PgBouncer,
-    start_exporter: StartExporter,
-    one_target: OneTarget,
-    monitor_dsn: str,
-    tmp_path: Path,
+    pgbouncer: PgBouncer, start_exporter: StartExporter, watched: Config
 ) -> None:
-    config = _with_poolers(one_target, monitor_dsn, _console(pgbouncer, tmp_path))
-    config["collection"].update(connect_timeout="2s", statement_timeout="1s")  # a 4s deadline
-    exporter = start_exporter(config=config)
+    watched["collection"].update(connect_timeout="2s", statement_timeout="1s")  # 4s deadline
+    exporter = start_exporter(config=watched)
     exporter.scrape_until(lambda s: s.find("pg_advisory_pooler_up", pooler="pgbouncer") != [])
     assert pgbouncer.process is not None
     pgbouncer.process.send_signal(signal.SIGSTOP)  # connected, and answering nothing

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
 from ipaddress import ip_network
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 import yaml
-from support import IDLE, Cli, Session, snapshot_of, wait_until
+from support import BACKEND_START, IDLE, Cli, Session, block_on, forensic_backend, snapshot_of
 
 from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.forensics import Backend, LockEntry, assemble
@@ -25,29 +21,9 @@ from pg_advisory_exporter.poolers import PoolerView
 from pg_advisory_exporter.registry import NO_KEYS
 from pg_advisory_exporter.report import Checked, format_seconds, print_report
 
-START = datetime(2026, 1, 1, tzinfo=UTC)
-
 
 def _held(*keys: AdvisoryKey) -> tuple[LockEntry, ...]:
     return tuple(LockEntry(5, key, "exclusive", granted=True) for key in keys)
-
-
-def _backend(pid: int, *locks: LockEntry, **fields: Any) -> Backend:
-    base = Backend(
-        pid=pid,
-        datname="app",
-        application_name="billing-worker",
-        client_addr="10.0.0.7",
-        client_port=40000 + pid,
-        backend_start=START,
-        state="idle",
-        state_seconds=600.0,
-        xact_start=None,
-        session_level=True,
-        lock_entries=len(locks),
-        locks=locks,
-    )
-    return replace(base, **fields)
 
 
 def _report(*backends: Backend, privileged: bool = True) -> str:
@@ -64,7 +40,9 @@ def _line(text: str, pid: int) -> str:
 
 def test_holders_longest_in_their_state_first_and_capped() -> None:
     holders = [
-        _backend(100 + i, *_held(AdvisoryKey(BIGINT_KEY, (i,))), state_seconds=float(25 - i))
+        forensic_backend(
+            100 + i, *_held(AdvisoryKey(BIGINT_KEY, (i,))), state_seconds=float(25 - i)
+        )
         for i in range(25)
     ]
     text = _report(*holders)
@@ -76,18 +54,18 @@ def test_holders_longest_in_their_state_first_and_capped() -> None:
 
 
 def test_waiters_blockers_clients_poolers_levels_and_missing_grant() -> None:
-    in_tx = _backend(
+    in_tx = forensic_backend(
         7, *_held(AdvisoryKey(INT_PAIR_KEY, (2001, -5)), AdvisoryKey(BIGINT_KEY, (1,))),
         state="idle in transaction", state_seconds=30.0, session_level=False, lock_entries=3,
     )  # fmt: skip
-    hidden = _backend(
+    hidden = forensic_backend(
         6, *_held(AdvisoryKey(BIGINT_KEY, (9,))), state=None, state_seconds=None,
         client_addr=None, client_port=None,
     )  # fmt: skip
-    blocker = _backend(5, LockEntry(5, AdvisoryKey(BIGINT_KEY, (-1,)), "exclusive", True))
-    waiter = _backend(
+    blocker = forensic_backend(5, LockEntry(5, AdvisoryKey(BIGINT_KEY, (-1,)), "exclusive", True))
+    waiter = forensic_backend(
         8,
-        LockEntry(5, AdvisoryKey(BIGINT_KEY, (-1,)), "share", False, START, 75.0),
+        LockEntry(5, AdvisoryKey(BIGINT_KEY, (-1,)), "share", False, BACKEND_START, 75.0),
         state="active",
     )
     pooler = PoolerView("pgb", networks=(ip_network("10.0.0.0/24"),), pool_mode="transaction")
@@ -121,26 +99,10 @@ def held_and_awaited(pg: EmbeddedPostgres, session: Session) -> Iterator[tuple[i
     holder = session("billing-worker")
     holder.execute("SELECT pg_advisory_lock(4242)")
     waiter = session("billing-waiter")
-    blocked = threading.Thread(target=_lock_4242, args=(waiter,), daemon=True)
-    blocked.start()
-    with pg.connect() as admin:
-        wait_until(
-            lambda: (
-                admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone() == (1,)
-            ),
-            10,
-            "the waiter blocked",
-        )
+    blocked = block_on(pg, waiter, "SELECT pg_advisory_lock(4242)")
     yield holder.info.backend_pid, waiter.info.backend_pid
     holder.execute("SELECT pg_advisory_unlock(4242)")
     blocked.join(timeout=10)
-
-
-def _lock_4242(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    try:
-        conn.execute("SELECT pg_advisory_lock(4242)")
-    except psycopg.Error:  # cancelled at the end of the test
-        return
 
 
 def test_check_as_text_and_json(
