@@ -10,9 +10,10 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -125,16 +126,19 @@ def _pool(row: Mapping[str, Any]) -> tuple[str, str]:
     return str(row.get("database") or ""), str(row.get("user") or "")
 
 
-def console_view(name: str, conn: psycopg.Connection[Any]) -> PoolerView:
+Show = Callable[[str], list[dict[str, Any]]]  # runs a SHOW command, returns its rows
+
+
+def console_view(name: str, show: Show) -> PoolerView:
     """Read the admin console once. A column a version lacks is done without: the mode
     falls back from SHOW POOLS to SHOW DATABASES to the global pool_mode, and a server
     without remote_pid is matched by the port its connection left from."""
-    servers = _rows(conn, SHOW_SERVERS)
-    modes = {_pool(row): row.get("pool_mode") for row in _rows(conn, SHOW_POOLS)}
+    servers = show(SHOW_SERVERS)
+    modes = {_pool(row): row.get("pool_mode") for row in show(SHOW_POOLS)}
     if any(not modes.get(_pool(row)) for row in servers):
-        databases = {row.get("name"): row.get("pool_mode") for row in _rows(conn, SHOW_DATABASES)}
+        databases = {row.get("name"): row.get("pool_mode") for row in show(SHOW_DATABASES)}
         default = next(
-            (row.get("value") for row in _rows(conn, SHOW_CONFIG) if row.get("key") == "pool_mode"),
+            (row.get("value") for row in show(SHOW_CONFIG) if row.get("key") == "pool_mode"),
             "session",
         )
         for row in servers:
@@ -273,7 +277,7 @@ class _Console:
                 )
                 with self._lock:
                     self._conn = conn
-            return console_view(self.config.name, conn)
+            return console_view(self.config.name, partial(_rows, conn))
         except (psycopg.Error, ValueError) as exc:
             self.drop()
             return PoolerView(self.config.name, error=redact(str(exc).strip(), self._conninfo))

@@ -15,7 +15,18 @@ from support import IDLE, snapshot_of
 
 from pg_advisory_exporter.config import ConfigFileSettings, Overrides, load
 from pg_advisory_exporter.metrics import Sample, server_samples
-from pg_advisory_exporter.poolers import PooledBackend, Poolers, PoolerView, _Server, owner
+from pg_advisory_exporter.poolers import (
+    SHOW_CONFIG,
+    SHOW_DATABASES,
+    SHOW_POOLS,
+    SHOW_SERVERS,
+    PooledBackend,
+    Poolers,
+    PoolerView,
+    _Server,
+    console_view,
+    owner,
+)
 from pg_advisory_exporter.scheduling import Watchdog
 from pg_advisory_exporter.schema import ConfigError
 
@@ -192,3 +203,64 @@ def test_an_unresolvable_host_name_is_reported_not_raised(tmp_path: Path) -> Non
     assert view.error is not None
     assert "resolv" in view.error
     assert not view.up
+
+
+# SHOW SERVERS rows as releases write them, by column name (tests/test_pgbouncer.py reads a
+# real 1.18). 1.23 inserted `replication` as the 4th column and 1.24 added `id` at the end:
+# the exporter reads by name, so only what a row lacks matters.
+SERVER_1_18 = {"type": "S", "user": "app", "database": "orders", "state": "idle",
+               "addr": "10.0.0.2", "port": 5432, "local_addr": "10.0.0.9", "local_port": 41000,
+               "link": "", "remote_pid": 4242, "tls": "", "application_name": "job"}  # fmt: skip
+SERVER_1_24 = {**SERVER_1_18, "replication": "none", "prepared_statements": 0, "id": 7}
+
+
+def _console(tables: dict[str, list[dict[str, Any]]]) -> tuple[list[str], Any]:
+    asked: list[str] = []
+
+    def show(command: str) -> list[dict[str, Any]]:
+        asked.append(command)
+        return tables[command]
+
+    return asked, show
+
+
+@pytest.mark.parametrize("server", [SERVER_1_18, SERVER_1_24], ids=["1.18", "1.24"])
+def test_the_console_is_read_by_column_name(server: dict[str, Any]) -> None:
+    asked, show = _console({
+        SHOW_SERVERS: [server],
+        SHOW_POOLS: [{"database": "orders", "user": "app", "cl_active": 0,
+                      "pool_mode": "transaction"}],
+    })  # fmt: skip
+    view = console_view("pgb", show)
+    assert view.owner(4242, "10.0.0.9", 41000) == PooledBackend("pgb", "orders/app", "transaction")
+    assert view.owner(4242, "10.0.0.9", 41001) is None  # another server's pid 4242
+    assert asked == [SHOW_SERVERS, SHOW_POOLS]  # the mode was there: nothing else is read
+
+
+def test_a_mode_the_pools_lack_comes_from_the_database_then_the_default() -> None:
+    other = {**SERVER_1_18, "database": "billing", "remote_pid": 4343, "local_port": 41001}
+    _, show = _console({
+        SHOW_SERVERS: [SERVER_1_18, other],
+        SHOW_POOLS: [{"database": "orders", "user": "app"}, {"database": "billing", "user": "app"}],
+        SHOW_DATABASES: [{"name": "orders", "pool_mode": "statement"},
+                         {"name": "billing", "pool_mode": None}],  # NULL: the default
+        SHOW_CONFIG: [{"key": "pool_mode", "value": "transaction", "default": "session"}],
+    })  # fmt: skip
+    view = console_view("pgb", show)
+    assert view.by_pid[4242].backend.pool_mode == "statement"
+    assert view.by_pid[4343].backend.pool_mode == "transaction"
+
+
+def test_a_server_without_a_usable_pid_is_matched_by_its_port() -> None:
+    logging_in = {**SERVER_1_18, "remote_pid": 0}  # 0 while the connection logs in
+    upstream_bouncer = {**SERVER_1_18, "remote_pid": -1246781235, "local_port": 41002}
+    old = {k: v for k, v in SERVER_1_18.items() if k != "remote_pid"}
+    old["local_port"] = 41003
+    _, show = _console({
+        SHOW_SERVERS: [logging_in, upstream_bouncer, old],
+        SHOW_POOLS: [{"database": "orders", "user": "app", "pool_mode": "transaction"}],
+    })  # fmt: skip
+    view = console_view("pgb", show)
+    assert view.by_pid == {}
+    for port in (41000, 41002, 41003):
+        assert view.owner(1, "10.0.0.9", port) == PooledBackend("pgb", "orders/app", "transaction")
