@@ -12,13 +12,11 @@ from concurrent.futures import Future
 from contextlib import ExitStack, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from urllib.parse import quote
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .endpoints import LOCKS_PATH
 from .metrics import Sample, build_info, families
 from .scheduling import CollectionPool, Priority, Task
 from .target import Collection, Target
@@ -70,20 +68,8 @@ class AnswerTimer:
         self._recent.append(time.monotonic() - since)
 
 
-def locks_page(external_url: str | None, target: str) -> list[Sample]:
-    """Where the target's /locks page is, for alert descriptions to link to (when known)."""
-    if external_url is None:
-        return []
-    url = f"{external_url}{LOCKS_PATH}?target={quote(target)}"
-    return [Sample("pg_advisory_exporter_locks_page_info", (target, url), 1)]
-
-
 def target_samples(
-    targets: Sequence[Target],
-    pool: CollectionPool,
-    timer: AnswerTimer,
-    urgent: bool = False,
-    external_url: str | None = None,
+    targets: Sequence[Target], pool: CollectionPool, timer: AnswerTimer, urgent: bool = False
 ) -> list[Sample]:
     """Start (or join) a collection on every target at once, wait, then map what came.
 
@@ -126,7 +112,7 @@ def target_samples(
         if collection is None:
             late.append(target.name)
             collection = target.late()
-        samples += target.series(collection) + locks_page(external_url, target.name)
+        samples += target.series(collection)
     if late:  # one line per scrape, however large the fleet
         log.warning(
             "collections are slower than the scrape allows; reporting those targets down",
@@ -151,46 +137,30 @@ def _outcome(pending: Collection | Future[Collection]) -> Collection | None:
 class ExporterCollector(Collector):
     """Every configured target, plus the exporter's build information: /metrics."""
 
-    def __init__(
-        self,
-        targets: Callable[[], Sequence[Target]],
-        pool: CollectionPool,
-        external_url: str | None = None,
-    ) -> None:
+    def __init__(self, targets: Callable[[], Sequence[Target]], pool: CollectionPool) -> None:
         self._targets = targets  # read at each scrape: a reload may change them
         self._pool = pool
         self._timer = AnswerTimer()
-        self._external_url = external_url
 
     def describe(self) -> Iterable[Metric]:
         return ()  # nothing to collect at registration time
 
     def collect(self) -> Iterable[Metric]:
         samples = [build_info(__version__, platform.python_version())]
-        found = target_samples(
-            self._targets(), self._pool, self._timer, external_url=self._external_url
-        )
-        return families(samples + found)
+        return families(samples + target_samples(self._targets(), self._pool, self._timer))
 
 
 class ProbeCollector(Collector):
     """One target's series: /probe?target=NAME."""
 
-    def __init__(
-        self, target: Target, pool: CollectionPool, external_url: str | None = None
-    ) -> None:
+    def __init__(self, target: Target, pool: CollectionPool) -> None:
         self._target = target
         self._pool = pool
         self._timer = AnswerTimer()  # one target: the first estimate is all it needs
-        self._external_url = external_url
 
     def describe(self) -> Iterable[Metric]:
         return ()
 
     def collect(self) -> Iterable[Metric]:
         # One target, asked for by name: it goes ahead of a fleet's routine collections.
-        return families(
-            target_samples(
-                [self._target], self._pool, self._timer, True, external_url=self._external_url
-            )
-        )
+        return families(target_samples([self._target], self._pool, self._timer, urgent=True))

@@ -336,7 +336,9 @@ class TargetConfig(Strict):
     # file's top-level `catalog`, and after load() always set.
     catalog: CatalogChoice | None = None
     poolers: tuple[PoolerConfig, ...] = ()
-    locks_page: LocksPageSettings | None = None  # after load(): always set
+    # Merged field by field over the file's top-level locks_page by load(): only the
+    # fields this target sets count.
+    locks_page: LocksPageSettings = LocksPageSettings()
 
     @model_validator(mode="after")
     def _one_password_source(self) -> TargetConfig:
@@ -648,9 +650,7 @@ def load(flags: Overrides, env: Overrides) -> Config:
                 ),
                 "keys": file.keys + target.keys,
                 "catalog": file.catalog if target.catalog is None else target.catalog,
-                "locks_page": file.locks_page.model_copy(
-                    update=_given(target.locks_page) if target.locks_page else {}
-                ),
+                "locks_page": file.locks_page.model_copy(update=_given(target.locks_page)),
             }
         )
         for target in file.targets

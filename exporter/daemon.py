@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from . import __version__, logs
 from .collector import ExporterCollector
 from .config import Config, TargetConfig, split_listen_address
-from .forensics import Answer, OnDemand, on_demand
+from .forensics import Answer
 from .http import make_app, serve
 from .scheduling import CollectionPool, Watchdog
 from .schema import ConfigError
@@ -42,14 +42,8 @@ class Daemon:
         self._watchdog = Watchdog()  # every collection's deadline
         self._reload_lock = threading.Lock()
         self._targets = {t.name: self._target(t) for t in config.targets}
-        # Each target's /locks answers, made on request only; a reload that changes a
-        # target's configuration starts its answers afresh.
-        self._on_demand: dict[str, tuple[TargetConfig, OnDemand]] = {}
-        self._on_demand_lock = threading.Lock()
         self.collectors = CollectorRegistry()  # prometheus_client's, not the key registry
-        self.collectors.register(
-            ExporterCollector(self.targets, self.pool, config.web.external_url)
-        )
+        self.collectors.register(ExporterCollector(self.targets, self.pool))
         ProcessCollector(registry=self.collectors)
         host, port = split_listen_address(config.web.listen_address)
         self._access = None if web is None else WebAccess(web)
@@ -58,15 +52,11 @@ class Daemon:
         self._serving = threading.Event()
 
     def _target(self, config: TargetConfig) -> Target:
-        return Target(config, self.pool, self._watchdog)
+        return Target(config, self.pool, self._watchdog, self.config.web.external_url)
 
     @property
     def telemetry_path(self) -> str:
         return self.config.web.telemetry_path
-
-    @property
-    def external_url(self) -> str | None:
-        return self.config.web.external_url
 
     @property
     def lifecycle_enabled(self) -> bool:
@@ -79,22 +69,9 @@ class Daemon:
         return self._targets.get(name)
 
     def locks(self, name: str) -> tuple[Answer, float] | None:
-        """The target's holders and waiters, and the answer's age; None for an unknown name.
-
-        Read in the caller's thread (a /locks request's), never on the collection pool, so
-        that it never delays a scrape; see forensics.OnDemand for the reuse and the waiting.
-        """
+        """The target's holders and waiters, and the answer's age; None for an unknown name."""
         target = self._targets.get(name)
-        if target is None:
-            return None
-        with self._on_demand_lock:
-            known = self._on_demand.get(name)
-            if known is None or known[0] != target.config:
-                known = self._on_demand[name] = (
-                    target.config,
-                    on_demand(target.config, self._watchdog),
-                )
-        return known[1].get()
+        return None if target is None else target.locks()
 
     def reload(self) -> str | None:
         """Read the configuration again; None when it took effect, else why it did not.
@@ -135,8 +112,6 @@ class Daemon:
             else:
                 new[target_config.name] = self._target(target_config)
         self._targets = new  # one assignment: a scrape sees the old set or the new one
-        with self._on_demand_lock:
-            self._on_demand = {n: kept for n, kept in self._on_demand.items() if n in new}
         self.config = Config(
             web=self.config.web,
             log=config.log,

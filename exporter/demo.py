@@ -29,7 +29,6 @@ from . import catalog, logs
 from .config import (
     CollectionSettings,
     Config,
-    LocksPageSettings,
     LogConfig,
     RewriteRuleConfig,
     TargetConfig,
@@ -244,14 +243,7 @@ KEYS = (
 
 def demo_config(web: WebConfig, dsn: str) -> Config:
     collection = CollectionSettings(min_interval=2, application_name_rewrites=(POD_SUFFIX,))
-    target = TargetConfig(
-        name="demo",
-        dsn=dsn,
-        collection=collection,
-        keys=KEYS,
-        catalog=True,
-        locks_page=LocksPageSettings(),
-    )
+    target = TargetConfig(name="demo", dsn=dsn, collection=collection, keys=KEYS, catalog=True)
     return Config(web=web, log=LogConfig(), targets=(target,))
 
 

@@ -23,6 +23,7 @@ from .keys import AdvisoryKey
 from .poolers import PooledBackend, Poolers, PoolerView, owner
 from .registry import Registry
 from .scheduling import Watchdog
+from .snapshot import certainly_session_level
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,27 @@ class Backend:
         )
 
     @property
+    def level(self) -> str:
+        """The kind of its locks, as far as pg_locks tells (postgres-facts)."""
+        return "session" if self.session_level else "session or transaction"
+
+    @property
+    def client(self) -> str | None:
+        """addr:port (addr alone where the port is hidden); None for a Unix socket."""
+        if self.client_addr is None:
+            return None
+        port = "" if self.client_port is None else f":{self.client_port}"
+        return self.client_addr + port
+
+    @property
+    def pool(self) -> str | None:
+        """The pooler, its pool and the pool's mode, in words; None if no pooler owns it."""
+        pooled = self.pooled
+        if pooled is None:
+            return None
+        return " ".join(filter(None, (pooled.pooler, pooled.pool, pooled.pool_mode)))
+
+    @property
     def terminate(self) -> str:
         """The statement that would end the backend; shown, never run."""
         return f"SELECT pg_terminate_backend({self.pid})"
@@ -274,7 +296,7 @@ def backend_from_row(
         state=row["state"],
         state_seconds=None if state_seconds is None else max(state_seconds, 0.0),
         xact_start=row["xact_start"],
-        session_level=bool(row["outside_transaction"]) or row["state"] == "idle",
+        session_level=certainly_session_level(bool(row["outside_transaction"]), row["state"]),
         lock_entries=row["lock_entries"],
         locks=tuple(_entry(values, datname, registry) for values in row["locks"] or ()),
         query=row.get("query"),
@@ -434,23 +456,26 @@ def read_poolers(
         poolers.close()
 
 
-def page_settings(target: TargetConfig) -> LocksPageSettings:
-    """The target's locks_page settings; a target made without config.load() (the demo's)
-    has the defaults."""
-    return target.locks_page or LocksPageSettings()
-
-
-def answer(target: TargetConfig, watchdog: Watchdog) -> Forensics:
+def answer(
+    target: TargetConfig,
+    watchdog: Watchdog,
+    first: Callable[[Session], None] | None = None,
+) -> tuple[Forensics, Session]:
     """Read the target once: the server, then its poolers, all within one collection's
-    deadline (connect_timeout + statement_timeout + 1s). Raises Unanswered."""
+    deadline (connect_timeout + statement_timeout + 1s); and the session it was read on, now
+    closed. `first` runs on that session before the read (`check` reads the collection's
+    statement there). Raises Unanswered."""
     assert target.collection is not None
-    settings = page_settings(target)
+    settings = target.locks_page
     deadline = target.collection.scrape_wait
     started = time.monotonic()
     with new_session(target, watchdog, deadline) as session:
+        if first is not None:
+            first(session)
         rows = read_rows(session.conn, settings)
     views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
-    return build(target.name, rows, session.registry, views, query_text=settings.query_text)
+    forensics = build(target.name, rows, session.registry, views, query_text=settings.query_text)
+    return forensics, session
 
 
 @dataclass(frozen=True)
@@ -524,4 +549,4 @@ def on_demand(target: TargetConfig, watchdog: Watchdog) -> OnDemand:
     assert target.collection is not None
     # A read runs into its deadline, then its poolers' reads: wait for both, and a second.
     wait = 2 * target.collection.scrape_wait + 1.0
-    return OnDemand(lambda: answer(target, watchdog), page_settings(target).reuse_for, wait)
+    return OnDemand(lambda: answer(target, watchdog)[0], target.locks_page.reuse_for, wait)

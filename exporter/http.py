@@ -48,9 +48,6 @@ class Exported(Protocol):
     def telemetry_path(self) -> str: ...
 
     @property
-    def external_url(self) -> str | None: ...
-
-    @property
     def lifecycle_enabled(self) -> bool: ...
 
     def targets(self) -> list[Target]: ...
@@ -186,7 +183,7 @@ def make_app(exported: Exported) -> WsgiApp:
         if target is None:
             return unknown(start_response, PROBE_PATH, names[0])
         registry = CollectorRegistry()
-        registry.register(ProbeCollector(target, exported.pool, exported.external_url))
+        registry.register(ProbeCollector(target, exported.pool))
         return exposition(make_wsgi_app(registry), environ, start_response)
 
     def locks(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:

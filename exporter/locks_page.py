@@ -143,29 +143,15 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-def _client(backend: Backend) -> str:
-    if backend.client_addr is None:
-        return "-"
-    if backend.client_port is None:
-        return backend.client_addr
-    return f"{backend.client_addr}:{backend.client_port}"
-
-
 def _key(lock: LockEntry) -> str:
     name = "" if lock.key_name is None else f" ({html.escape(lock.key_name)})"
     return f"<code>{_e(lock.key)}</code>{name}"
 
 
 def _pooler(backend: Backend) -> str:
-    pooled = backend.pooled
-    if pooled is None:
+    if backend.pool is None:
         return "-"
-    text = _e(" ".join(filter(None, (pooled.pooler, pooled.pool, pooled.pool_mode))))
-    return text + (' <span class="warn">stranded</span>' if backend.stranded else "")
-
-
-def _level(backend: Backend) -> str:
-    return "session" if backend.session_level else "session or transaction"
+    return _e(backend.pool) + (' <span class="warn">stranded</span>' if backend.stranded else "")
 
 
 def _pids(pids: Iterable[int]) -> str:
@@ -198,7 +184,7 @@ def _waiters_table(forensics: Forensics) -> str:
             _seconds(w.lock.wait_seconds),
             _e(w.backend.datname),
             _e(w.backend.application_name),
-            _e(_client(w.backend)),
+            _e(w.backend.client or "-"),
             _pooler(w.backend),
             _e(w.backend.state),
             *_query(w.backend, forensics.query_text),
@@ -228,10 +214,10 @@ def _holders_table(forensics: Forensics) -> str:
             _e(b.pid),
             _e(f"{b.held_entries:,}"),
             _held(b),
-            _e(_level(b)),
+            _e(b.level),
             _e(b.datname),
             _e(b.application_name),
-            _e(_client(b)),
+            _e(b.client or "-"),
             _pooler(b),
             _e(_moment(b.backend_start)),
             _e(b.state),

@@ -13,7 +13,7 @@ from .appnames import RewriteRule, fold, rewrite
 from .capacity import lock_table_capacity
 from .poolers import PoolerView, owner
 from .registry import NO_KEYS, RegisteredKey, Registry
-from .snapshot import BackendLocks, KeyUse, ServerSnapshot
+from .snapshot import BackendLocks, KeyUse, ServerSnapshot, certainly_session_level
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,10 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
     return result
 
 
+def locks_page_info(target: str, url: str) -> Sample:
+    return Sample("pg_advisory_exporter_locks_page_info", (target, url), 1)
+
+
 def build_info(version: str, python_version: str) -> Sample:
     return Sample("pg_advisory_exporter_build_info", (version, python_version), 1)
 
@@ -376,12 +380,6 @@ def _key_samples(target: str, snapshot: ServerSnapshot, registry: Registry) -> l
     return samples
 
 
-def certainly_session_level(backend: BackendLocks) -> bool:
-    """Outside any transaction, every lock a backend holds is session-level; inside one,
-    pg_locks cannot tell the two kinds apart (postgres-facts: the /0 virtual transaction)."""
-    return not backend.in_transaction or backend.state == "idle"
-
-
 def _pooler_samples(
     target: str,
     snapshot: ServerSnapshot,
@@ -395,7 +393,9 @@ def _pooler_samples(
     """
     stranded: dict[tuple[str, str, str, str], int] = defaultdict(int)
     for backend, label in zip(snapshot.backends, labels, strict=True):
-        if not backend.held or not certainly_session_level(backend):
+        if not backend.held or not certainly_session_level(
+            not backend.in_transaction, backend.state
+        ):
             continue
         pooled = owner(poolers, backend.pid, backend.client_addr, backend.client_port)
         if pooled is not None and pooled.shared:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,15 +13,12 @@ from typing import Any, TextIO
 from . import catalog
 from .capacity import lock_table_capacity
 from .config import Config, TargetConfig
+from .connection import Session
 from .forensics import (
     Backend,
     Forensics,
     Unanswered,
-    build,
-    new_session,
-    page_settings,
-    read_poolers,
-    read_rows,
+    answer,
 )
 from .locks_page import forensics_json
 from .metrics import key_groups
@@ -66,25 +62,10 @@ def _left_out(count: int, out: TextIO) -> None:
         out.write(f"    ... and {count - _MOST_ROWS} more\n")
 
 
-def _level(backend: Backend) -> str:
-    # Outside a transaction only session-level locks can be held; inside, pg_locks
-    # cannot tell the two kinds apart.
-    return "session" if backend.session_level else "session or transaction"
-
-
-def _client(backend: Backend) -> str:
-    if backend.client_addr is None:
-        return "-"
-    port = "" if backend.client_port is None else f":{backend.client_port}"
-    return backend.client_addr + port
-
-
 def _pooler(backend: Backend) -> str:
-    pooled = backend.pooled
-    if pooled is None:
+    if backend.pool is None:
         return "-"
-    found = " ".join(filter(None, (pooled.pooler, pooled.pool, pooled.pool_mode)))
-    return found + (" STRANDED" if backend.stranded else "")
+    return backend.pool + (" STRANDED" if backend.stranded else "")
 
 
 def _keys(backend: Backend) -> tuple[str, str]:
@@ -148,7 +129,7 @@ def _waiters(forensics: Forensics, out: TextIO) -> None:
                     w.lock.mode,
                     _pids(w.blocked_by),
                     _pids(w.queued_behind),
-                    _client(w.backend),
+                    w.backend.client or "-",
                     _pooler(w.backend),
                 )
                 for w in waiters[:_MOST_ROWS]
@@ -175,9 +156,9 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
                     _state(b),
                     format_seconds(b.state_seconds),
                     *_keys(b),
-                    _client(b),
+                    b.client or "-",
                     _pooler(b),
-                    _level(b),
+                    b.level,
                 )
                 for b in holders[:_MOST_ROWS]
             ],
@@ -326,24 +307,19 @@ class Checked:
 
 
 def check_target(target: TargetConfig, watchdog: Watchdog) -> Checked:
-    assert target.collection is not None
-    settings = page_settings(target)
-    # The deadline of one collection, as the daemon's: each statement is bounded on the
-    # server by statement_timeout, and this bounds a stopped backend or a hung proxy.
-    deadline = target.collection.scrape_wait
-    started = time.monotonic()
+    snapshots: list[ServerSnapshot] = []
+
+    def collect(session: Session) -> None:
+        # A one-shot command reads pg_locks twice: the collection's statement for the lock
+        # table and the registry's keys, the forensics statement for who holds and awaits
+        # what. The daemon never does both at once.
+        snapshots.append(read_snapshot(session.conn, session.registry))
+
     try:
-        with new_session(target, watchdog, deadline) as session:
-            # A one-shot command reads pg_locks twice: the collection's statement for the
-            # lock table and the registry's keys, the forensics statement for who holds
-            # and awaits what. The daemon never does both at once.
-            snapshot = read_snapshot(session.conn, session.registry)
-            rows = read_rows(session.conn, settings)
+        forensics, session = answer(target, watchdog, collect)
     except Unanswered as exc:
         return Checked(target.name, error=str(exc))
-    views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
-    forensics = build(target.name, rows, session.registry, views, query_text=settings.query_text)
-    return Checked(target.name, session.role, snapshot, session.registry, forensics)
+    return Checked(target.name, session.role, snapshots[0], session.registry, forensics)
 
 
 def run_check(config: Config, out: TextIO = sys.stdout, output: str = "text") -> int:

@@ -9,12 +9,15 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
+from urllib.parse import quote
 
 import psycopg
 
 from .config import TargetConfig
 from .connection import CannotCollect, ServerConnection
-from .metrics import Sample, server_samples, target_series
+from .endpoints import LOCKS_PATH
+from .forensics import Answer, on_demand
+from .metrics import Sample, locks_page_info, server_samples, target_series
 from .poolers import Poolers, PoolerView
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .snapshot import ServerSnapshot, read_snapshot
@@ -61,9 +64,27 @@ class Target:
     Each collection runs on the pool, one at a time, within a deadline the watchdog keeps.
     """
 
-    def __init__(self, config: TargetConfig, pool: CollectionPool, watchdog: Watchdog) -> None:
+    def __init__(
+        self,
+        config: TargetConfig,
+        pool: CollectionPool,
+        watchdog: Watchdog,
+        external_url: str | None = None,
+    ) -> None:
         assert config.collection is not None
         self.name = config.name
+        # Where the target's /locks page is, where the exporter knows its own URL: a series
+        # for alert descriptions to link to, made once here rather than at every scrape.
+        self._locks_page = (
+            []
+            if external_url is None
+            else [
+                locks_page_info(self.name, f"{external_url}{LOCKS_PATH}?target={quote(self.name)}")
+            ]
+        )
+        # The /locks answers, read on request only; a reload that changes the target makes a
+        # new Target, and with it new answers.
+        self._locks = on_demand(config, watchdog)
         self.config = config
         self.settings = config.collection
         self._pool = pool
@@ -138,15 +159,23 @@ class Target:
         """All series of this target for one scrape."""
         with self._state:
             errors, last_success = self._errors_total, self._last_success_unix
-        return target_series(
-            self.name,
-            collection.samples,
-            duration=collection.duration,
-            errors_total=errors,
-            last_success_unix=last_success,
-            insufficient_privilege=collection.insufficient_privilege,
-            folded_application_names=collection.folded_application_names,
+        return (
+            target_series(
+                self.name,
+                collection.samples,
+                duration=collection.duration,
+                errors_total=errors,
+                last_success_unix=last_success,
+                insufficient_privilege=collection.insufficient_privilege,
+                folded_application_names=collection.folded_application_names,
+            )
+            + self._locks_page
         )
+
+    def locks(self) -> tuple[Answer, float]:
+        """Who holds and awaits advisory locks now, and the answer's age (forensics.OnDemand):
+        read in the caller's thread (a /locks request's), never on the collection pool."""
+        return self._locks.get()
 
     def health(self) -> Health:
         with self._state:

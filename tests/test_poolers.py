@@ -13,6 +13,7 @@ import pytest
 import yaml
 from support import IDLE, snapshot_of
 
+from pg_advisory_exporter import poolers
 from pg_advisory_exporter.config import ConfigFileSettings, Overrides, load
 from pg_advisory_exporter.metrics import Sample, server_samples
 from pg_advisory_exporter.poolers import (
@@ -196,9 +197,9 @@ def test_an_unresolvable_host_name_is_reported_not_raised(tmp_path: Path) -> Non
         tmp_path, {"name": "pods", "addresses": ["no-such-host.invalid"], "pool_mode": "session"}
     ).targets[0]
     assert config.collection is not None
-    poolers = Poolers(config.poolers, config.collection)
+    read = Poolers(config.poolers, config.collection)
     started = time.monotonic()
-    (view,) = poolers.read(Watchdog(), 5.0)
+    (view,) = read.read(Watchdog(), 5.0)
     assert time.monotonic() - started < 5.5
     assert view.error is not None
     assert "resolv" in view.error
@@ -264,3 +265,22 @@ def test_a_server_without_a_usable_pid_is_matched_by_its_port() -> None:
     assert view.by_pid == {}
     for port in (41000, 41002, 41003):
         assert view.owner(1, "10.0.0.9", port) == PooledBackend("pgb", "orders/app", "transaction")
+
+
+def test_host_names_are_resolved_at_most_once_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def resolve(host: str) -> list[str]:
+        asked.append(host)
+        return ["10.9.0.1"]
+
+    monkeypatch.setattr(poolers, "_resolve", resolve)
+    addresses = poolers._Addresses(["10.1.0.0/16", "pgbouncer.example"])
+    for _ in range(3):
+        networks, error = addresses.networks(1.0)
+        assert error is None
+        assert [str(n) for n in networks] == ["10.1.0.0/16", "10.9.0.1/32"]
+    assert asked == ["pgbouncer.example"]
+    monkeypatch.setattr(addresses, "_resolved_at", time.monotonic() - 61)
+    addresses.networks(1.0)
+    assert asked == ["pgbouncer.example"] * 2
