@@ -33,7 +33,7 @@ $(CRD_MODELS): $(INSTALLED)
 	touch $@
 
 demo: $(INSTALLED)
-	$(BIN)/pg-advisory-exporter demo
+	$(BIN)/python -m devtools.demo
 
 # The tests that need no PostgreSQL server run once; those marked `pg` (set from the fixtures
 # they use, see tests/conftest.py) once per version, those also marked `once` (the demo's)

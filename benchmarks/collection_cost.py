@@ -40,8 +40,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
+from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
 from pg_advisory_exporter.capacity import lock_table_capacity
-from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
 from pg_advisory_exporter.forensics import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
 from pg_advisory_exporter.registry import KeyConfig, Registry, md5_key
 from pg_advisory_exporter.snapshot import COLLECT_SQL, collect_sql, read_snapshot

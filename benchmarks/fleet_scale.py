@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
+from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
 
 from .collection_cost import _proc_status_mb, _stop, progress
 

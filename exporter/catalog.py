@@ -63,7 +63,7 @@ class CatalogEntry:
     name: str  # the `key` label value; a contract: alerts and dashboards match on it
     library: str
     versions: str
-    key_text: str  # the key, or how it is computed, as the README shows it
+    key_text: str  # the key, or how it is computed, as docs/configuration.md shows it
     level: str  # how the library takes the lock
     key: int | None = None  # the same in every database
     per_database: Callable[[str], int] | None = None  # database name -> key
@@ -77,7 +77,7 @@ class CatalogEntry:
         return self.key
 
     def describe(self) -> dict[str, str]:
-        """The entry as the README's table shows it."""
+        """The entry as the table of docs/configuration.md shows it."""
         return {
             "name": self.name,
             "library": self.library,

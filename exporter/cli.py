@@ -1,4 +1,4 @@
-"""The `pg-advisory-exporter` command: the daemon, `check` and `demo`."""
+"""The `pg-advisory-exporter` command: the daemon, `check` and `rules`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from .config import (
     SETTINGS,
     Config,
     Setting,
-    WebConfig,
     load,
     read_environment,
     read_flags,
@@ -31,7 +30,6 @@ from .web_config import WebSettings, read_web_config
 log = logging.getLogger("pg_advisory_exporter")
 
 EXIT_CONFIG = 2
-DEMO_LISTEN_ADDRESS = "127.0.0.1:9846"  # the demo's server is throwaway: keep it local
 
 
 def _flags(default: object, settings: Iterable[Setting] = SETTINGS) -> argparse.ArgumentParser:
@@ -90,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a threshold, e.g. leaked_lock_after=30m (repeatable; names in the README)",
+        help="a threshold, e.g. leaked_lock_after=30m (repeatable; names in docs/alerting.md)",
     )
     rules.add_argument("--thresholds", type=Path, help="a YAML file of threshold overrides")
     rules.add_argument(
@@ -108,23 +106,6 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="a PrometheusRule label, e.g. release=kube-prometheus-stack (repeatable)",
-    )
-    demo = commands.add_parser(
-        "demo",
-        help="start a throwaway PostgreSQL, play the advisory lock scenarios on it and export them",
-    )
-    demo.add_argument(
-        "--web.listen-address",
-        dest="web_listen_address",
-        metavar="VALUE",
-        default=DEMO_LISTEN_ADDRESS,
-        help=f"{WebConfig.model_fields['listen_address'].description} "
-        f"(default {DEMO_LISTEN_ADDRESS})",
-    )
-    demo.add_argument(
-        "--pg-version",
-        type=int,
-        help="PostgreSQL major version (default 15)",
     )
     return parser
 
@@ -181,13 +162,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "rules":
         return _print_rules(args, argv)
-    if args.command == "demo":
-        # Development-only code (a throwaway server, pip downloads): imported here, never by
-        # the daemon.
-        from .demo import run_demo  # noqa: PLC0415
-        from .embedded_postgres import DEFAULT_MAJOR  # noqa: PLC0415
-
-        return run_demo(args.pg_version or DEFAULT_MAJOR, args.web_listen_address)
     try:
         reread = _reader(args)
         config = reread()

@@ -16,23 +16,34 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     Field,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .appnames import RewriteRule, compile_pattern, parse_template
 from .catalog import CatalogChoice
+from .dsn import Dsn, check_password_source, with_password
 from .endpoints import RESERVED_PATHS
 from .registry import KeyConfig, check_configs
-from .schema import PARSE_DURATION, ConfigError, Strict, duration_within, format_duration, location
+from .schema import (
+    PARSE_DURATION,
+    ConfigError,
+    Strict,
+    describe_error,
+    duration_within,
+    format_duration,
+    location,
+)
 from .yaml_file import read_yaml
 
 DEFAULT_LISTEN_ADDRESS = ":9846"
@@ -117,77 +128,6 @@ class CollectionSettings(Strict):
         return self.connect_timeout + self.statement_timeout + 1.0
 
 
-def _password_in(dsn: str) -> str | None:
-    """The password written in a DSN, found without trusting the DSN to parse."""
-    uri = re.match(r"^[a-z]+://[^/@:]*:([^@/]*)@", dsn)
-    if uri:
-        return uri.group(1)
-    keyword = re.search(r"password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", dsn)
-    return keyword.group(1).strip("'") if keyword else None
-
-
-def redact(message: str, dsn: str) -> str:
-    """Remove a DSN and its password from a message (libpq may quote either back)."""
-    password = _password_in(dsn)
-    message = message.replace(dsn, "<dsn>")
-    if password:
-        message = message.replace(password, "<password>")
-    return message
-
-
-# Quoted punctuation in libpq's messages ('missing "=" after'), never a piece of the DSN.
-_LIBPQ_LITERALS = ('"="', '"]"', '":"', '"/"')
-
-
-def _without_fragments(message: str) -> str:
-    """libpq's message with the pieces of the DSN it quotes cut out, as "...".
-
-    libpq writes `missing "=" after "Part2xQ"`, and the piece may be part of a password. A
-    piece may itself hold a quote, so everything from the first quoted piece to the last
-    quote goes.
-    """
-    start = message.find('"')
-    while start != -1 and message[start : start + 3] in _LIBPQ_LITERALS:
-        start = message.find('"', start + 3)
-    if start == -1:
-        return message
-    end = message.rfind('"') + 1
-    return f'{message[:start]}"..."{message[end:]}'
-
-
-def _dsn_hint(dsn: str) -> str:
-    if re.match(r"^[a-z]+://", dsn):
-        return "percent-encode special characters in a URI, e.g. %40 for @"
-    return "quote values that contain spaces, e.g. password='a b'"
-
-
-_URI_SCHEMES = ("postgresql://", "postgres://")
-
-
-def _dsn_parameters(dsn: str) -> dict[str, Any]:
-    # libpq reads any other scheme as a keyword=value string and complains of a missing "=".
-    scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", dsn)
-    if scheme and not dsn.startswith(_URI_SCHEMES):
-        raise ValueError(
-            f"malformed DSN: unknown scheme {scheme.group()!r} "
-            f"(a URI starts with {' or '.join(_URI_SCHEMES)})"
-        )
-    try:
-        params = conninfo_to_dict(dsn)
-    except Exception as exc:  # psycopg raises ProgrammingError with libpq's message
-        problem = _without_fragments(str(exc).strip())
-        raise ValueError(f"malformed DSN: {problem} ({_dsn_hint(dsn)})") from None
-    port = params.get("port")
-    if port is not None and not all(p.isdigit() for p in str(port).split(",")):
-        raise ValueError(f"malformed DSN: port {port!r} is not a number")
-    return params
-
-
-def _check_dsn(dsn: str) -> str:
-    _dsn_parameters(dsn)
-    return dsn
-
-
 def split_listen_address(address: str) -> tuple[str, int]:
     """("", 9846) from ":9846", ("127.0.0.1", 9846) from "127.0.0.1:9846", IPv6 in brackets."""
     host, sep, port = address.rpartition(":")
@@ -212,7 +152,6 @@ def _check_telemetry_path(path: str) -> str:
     return path
 
 
-Dsn = Annotated[str, AfterValidator(_check_dsn)]
 ListenAddress = Annotated[str, AfterValidator(_check_listen_address)]
 TelemetryPath = Annotated[str, AfterValidator(_check_telemetry_path)]
 LogLevel = Literal["debug", "info", "warn", "error"]
@@ -254,28 +193,6 @@ PoolerAddress = Annotated[str, AfterValidator(_check_address)]
 PoolMode = Literal["session", "transaction", "statement"]
 
 
-def read_password_file(path: Path) -> str:
-    try:
-        return path.read_text().rstrip("\r\n")
-    except OSError as exc:
-        raise ValueError(f"cannot read password_file {path}: {exc.strerror}") from None
-
-
-def _check_password_source(dsn: str, password_file: Path | None) -> None:
-    if password_file is None:
-        return
-    if _dsn_parameters(dsn).get("password"):
-        raise ValueError("give the password either in the DSN or in password_file, not both")
-    read_password_file(password_file)
-
-
-def _with_password(dsn: str, password_file: Path | None) -> str:
-    """The DSN with the password from password_file, read now so that rotation works."""
-    if password_file is None:
-        return dsn
-    return make_conninfo(dsn, password=read_password_file(password_file))
-
-
 class PoolerConfig(Strict):
     """A connection pooler (PgBouncer) in front of a target, known by its admin console or,
     where that cannot be reached, by the addresses its server connections come from."""
@@ -298,7 +215,7 @@ class PoolerConfig(Strict):
                 raise ValueError(
                     "pool_mode goes with addresses: the admin console says each pool's mode"
                 )
-            _check_password_source(self.admin_dsn, self.password_file)
+            check_password_source(self.admin_dsn, self.password_file)
         else:
             if self.pool_mode is None:
                 raise ValueError(
@@ -311,7 +228,7 @@ class PoolerConfig(Strict):
 
     def conninfo(self) -> str:
         assert self.admin_dsn is not None
-        return _with_password(self.admin_dsn, self.password_file)
+        return with_password(self.admin_dsn, self.password_file)
 
 
 class LocksPageSettings(Strict):
@@ -325,24 +242,25 @@ class LocksPageSettings(Strict):
 
 
 class TargetConfig(Strict):
-    """One PostgreSQL server to watch."""
+    """One PostgreSQL server to watch, as the file gives it: what it leaves out comes from
+    the file's top level, the variables and the flags (load() makes a TargetSettings)."""
 
     name: str = Field(pattern=_NAME)
     dsn: Dsn = Field(repr=False)
     password_file: Path | None = None
+    # Only the fields given count, over the file's top-level block and the flags.
     collection: CollectionSettings | None = None
-    keys: tuple[KeyConfig, ...] = ()  # after load(): the file's global keys, then these
+    keys: tuple[KeyConfig, ...] = ()  # added to the file's top-level keys
     # The built-in catalog's entries to merge into the registry (catalog.py); not set: the
-    # file's top-level `catalog`, and after load() always set.
+    # file's top-level `catalog`.
     catalog: CatalogChoice | None = None
     poolers: tuple[PoolerConfig, ...] = ()
-    # Merged field by field over the file's top-level locks_page by load(): only the
-    # fields this target sets count.
+    # Only the fields given count, over the file's top-level locks_page.
     locks_page: LocksPageSettings = LocksPageSettings()
 
     @model_validator(mode="after")
     def _one_password_source(self) -> TargetConfig:
-        _check_password_source(self.dsn, self.password_file)
+        check_password_source(self.dsn, self.password_file)
         return self
 
     @field_validator("poolers")
@@ -351,9 +269,26 @@ class TargetConfig(Strict):
         _check_unique("pooler", [pooler.name for pooler in poolers])
         return poolers
 
+
+class TargetSettings(Strict):
+    """One target as the runtime reads it: every setting resolved, none left to look up.
+
+    load() builds it from a TargetConfig and what the file's top level, the variables and
+    the flags give; the runtime (target, connection, forensics, check) takes only this.
+    """
+
+    name: str
+    dsn: str = Field(repr=False)
+    password_file: Path | None = None
+    collection: CollectionSettings
+    keys: tuple[KeyConfig, ...] = ()  # the file's top-level keys, then the target's own
+    catalog: CatalogChoice
+    poolers: tuple[PoolerConfig, ...] = ()
+    locks_page: LocksPageSettings = LocksPageSettings()
+
     def conninfo(self) -> str:
         """The DSN with the password from password_file, read now so that rotation works."""
-        return _with_password(self.dsn, self.password_file)
+        return with_password(self.dsn, self.password_file)
 
 
 def _check_unique(what: str, names: Sequence[str]) -> None:
@@ -523,7 +458,7 @@ def _settings() -> tuple[Setting, ...]:
     return tuple(found)
 
 
-# In the order --help and the README list them.
+# In the order --help and docs/configuration.md list them.
 SETTINGS = _settings()
 _BY_DEST = {setting.dest: setting for setting in SETTINGS}
 _BY_PATH = {setting.path: setting for setting in SETTINGS}
@@ -535,16 +470,8 @@ class Config:
 
     web: WebConfig
     log: LogConfig
-    targets: tuple[TargetConfig, ...]  # each with its collection settings and keys filled in
+    targets: tuple[TargetSettings, ...]
     max_parallel_collections: int = DEFAULT_PARALLEL_COLLECTIONS
-
-
-def describe_error(error: Mapping[str, Any]) -> str:
-    if error["type"] == "extra_forbidden":
-        return "unknown field"
-    if error["type"] == "missing":
-        return "required field is missing"
-    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def _validate(values: Mapping[str, object], sources: Mapping[str, str]) -> Overrides:
@@ -573,22 +500,53 @@ def read_flags(values: Mapping[str, object]) -> Overrides:
     return _validate(given, {dest: f"flag {_BY_DEST[dest].flag}" for dest in given})
 
 
-def _spelled(name: str) -> str | None:
-    """The variable as it is set: names are read in any case, as they always were."""
-    if name in os.environ:
-        return name
-    return next((key for key in os.environ if key.upper() == name), None)
+class _Environment(BaseSettings):
+    """The variables of SETTINGS as text, one field each (see _VARIABLES).
+
+    pydantic-settings finds them in any case, as they always were read, and takes the first
+    of several names that is set (PG_ADVISORY_EXPORTER_DSN before DATA_SOURCE_NAME).
+    Overrides validates the text as it does a flag's, so the errors of both read alike.
+    """
+
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (env_settings,)  # no .env file or secrets folder: the published variables only
+
+
+_VARIABLE_FIELDS: dict[str, Any] = {
+    setting.dest: (
+        str | None,
+        Field(default=None, validation_alias=AliasChoices(*setting.variables)),
+    )
+    for setting in SETTINGS
+}
+_VARIABLES = create_model("_Variables", __base__=_Environment, **_VARIABLE_FIELDS)
+
+
+def _spelled(setting: Setting) -> str:
+    """The variable that gave a setting, as it is set: an error names what the user wrote.
+
+    Of two spellings of one name, the later one in the environment is the one
+    pydantic-settings read.
+    """
+    spellings = ([key for key in os.environ if key.upper() == name] for name in setting.variables)
+    return next((keys[-1] for keys in spellings if keys), setting.variables[0])
 
 
 def read_environment() -> Overrides:
     """Validate the PG_ADVISORY_EXPORTER_* variables and DATA_SOURCE_NAME that are set."""
-    values: dict[str, object] = {}
-    sources: dict[str, str] = {}
-    for setting in SETTINGS:
-        spelled = next(filter(None, map(_spelled, setting.variables)), None)
-        if spelled is not None:
-            values[setting.dest] = os.environ[spelled]
-            sources[setting.dest] = f"environment variable {spelled}"
+    variables = _VARIABLES()
+    values = {dest: getattr(variables, dest) for dest in variables.model_fields_set}
+    sources = {dest: f"environment variable {_spelled(_BY_DEST[dest])}" for dest in values}
     return _validate(values, sources)
 
 
@@ -643,15 +601,17 @@ def load(flags: Overrides, env: Overrides) -> Config:
     # Flags and variables set the defaults for every target; a target's own block wins.
     defaults = file.collection.model_copy(update=_chosen(flags, env, "collection"))
     targets = tuple(
-        target.model_copy(
-            update={
-                "collection": defaults.model_copy(
-                    update=_given(target.collection) if target.collection else {}
-                ),
-                "keys": file.keys + target.keys,
-                "catalog": file.catalog if target.catalog is None else target.catalog,
-                "locks_page": file.locks_page.model_copy(update=_given(target.locks_page)),
-            }
+        TargetSettings(
+            name=target.name,
+            dsn=target.dsn,
+            password_file=target.password_file,
+            collection=defaults.model_copy(
+                update=_given(target.collection) if target.collection else {}
+            ),
+            keys=file.keys + target.keys,
+            catalog=file.catalog if target.catalog is None else target.catalog,
+            poolers=target.poolers,
+            locks_page=file.locks_page.model_copy(update=_given(target.locks_page)),
         )
         for target in file.targets
     )

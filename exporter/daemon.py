@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from . import __version__, logs
 from .collector import ExporterCollector
-from .config import Config, TargetConfig, split_listen_address
+from .config import Config, TargetSettings, split_listen_address
 from .forensics import Answer
 from .http import make_app, serve
 from .scheduling import CollectionPool, Watchdog
@@ -51,7 +51,7 @@ class Daemon:
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
 
-    def _target(self, config: TargetConfig) -> Target:
+    def _target(self, config: TargetSettings) -> Target:
         return Target(config, self.pool, self._watchdog, self.config.web.external_url)
 
     @property

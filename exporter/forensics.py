@@ -16,14 +16,16 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from . import catalog
-from .config import LocksPageSettings, TargetConfig, redact
-from .connection import CannotCollect, Session, interrupt, open_session
+from . import catalog, vocabulary
+from .config import LocksPageSettings, TargetSettings
+from .connection import Session, connect_to_server, prepare_session
+from .dsn import redact
+from .kept_connection import CannotCollect, KeptConnection
 from .keys import AdvisoryKey
 from .poolers import PooledBackend, Poolers, PoolerView, owner
 from .registry import Registry
 from .scheduling import Watchdog
-from .snapshot import certainly_session_level
+from .schema import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +124,10 @@ FORENSICS_WITH_QUERY_SQL = _FORENSICS_TEMPLATE.format(
     query_column=", query",
 )
 
-_MODES = {"ExclusiveLock": "exclusive", "ShareLock": "share"}
-
 
 def conflicts(held: str, wanted: str) -> bool:
     """Whether two advisory lock modes conflict: exclusive with both, share only with
-    exclusive (postgres-facts)."""
+    exclusive (PostgreSQL's lock conflict table for ExclusiveLock and ShareLock)."""
     return "exclusive" in (held, wanted)
 
 
@@ -186,19 +186,17 @@ class Backend:
 
     @property
     def stranded(self) -> bool:
-        """Session locks on a pooled connection that passes from client to client: they
-        outlive the client that took them (postgres-facts, PgBouncer)."""
-        return (
-            self.pooled is not None
-            and self.pooled.shared
-            and self.session_level
-            and self.held_entries > 0
-        )
+        return vocabulary.stranded(self.held_entries, self.session_level, self.pooled)
 
     @property
     def level(self) -> str:
-        """The kind of its locks, as far as pg_locks tells (postgres-facts)."""
-        return "session" if self.session_level else "session or transaction"
+        return vocabulary.level_word(self.session_level)
+
+    @property
+    def state_word(self) -> str:
+        """Its state as the metrics' `state` label names it. Where privileges hide the
+        state, session_level says whether it is outside any transaction."""
+        return vocabulary.state_word(self.state, self.session_level)
 
     @property
     def client(self) -> str | None:
@@ -271,7 +269,7 @@ def _entry(values: Sequence[Any], datname: str, registry: Registry) -> LockEntry
     return LockEntry(
         database=database,
         key=AdvisoryKey.from_packed(classid << 32 | objid, objsubid),
-        mode=_MODES.get(mode, mode),
+        mode=vocabulary.mode_word(mode),
         granted=granted,
         wait_start=None if wait_start is None else datetime.fromisoformat(wait_start),
         # now() is the statement's start: a wait begun after it would come out negative.
@@ -296,7 +294,9 @@ def backend_from_row(
         state=row["state"],
         state_seconds=None if state_seconds is None else max(state_seconds, 0.0),
         xact_start=row["xact_start"],
-        session_level=certainly_session_level(bool(row["outside_transaction"]), row["state"]),
+        session_level=vocabulary.certainly_session_level(
+            bool(row["outside_transaction"]), row["state"]
+        ),
         lock_entries=row["lock_entries"],
         locks=tuple(_entry(values, datname, registry) for values in row["locks"] or ()),
         query=row.get("query"),
@@ -411,42 +411,42 @@ class Unanswered(Exception):
 
 
 @contextlib.contextmanager
-def new_session(target: TargetConfig, watchdog: Watchdog, seconds: float) -> Iterator[Session]:
+def new_session(target: TargetSettings, watchdog: Watchdog, seconds: float) -> Iterator[Session]:
     """A new connection of its own, closed at the end, and given up after `seconds` (a
     stopped backend or a hung proxy: the watchdog interrupts it, as a collection's)."""
-    assert target.collection is not None
-    opened: list[psycopg.Connection[Any]] = []
-    expired = threading.Event()
-
-    def expire() -> None:
-        expired.set()
-        for conn in opened:
-            interrupt(conn)
-
+    settings = target.collection
     conninfo = target.dsn
-    alarm = watchdog.arm(seconds, expire)
-    try:
+
+    def connect() -> psycopg.Connection[Any]:
+        nonlocal conninfo
         conninfo = target.conninfo()
-        entries = catalog.selected(target.catalog)
-        session = open_session(
-            conninfo, target.collection, target.keys, opened.append, entries=entries
-        )
+        return connect_to_server(conninfo, settings)
+
+    entries = catalog.selected(target.catalog)
+    # Kept for this one read only (so never backing off): interrupted and closed as a
+    # collection's connection is.
+    server = KeptConnection(
+        connect,
+        lambda conn: prepare_session(conn, settings, target.keys, entries),
+        backoff_max=settings.reconnect_backoff_max,
+        cancel=True,
+    )
+    with server.deadline(watchdog, seconds) as expired:
         try:
-            yield session
-        finally:
-            session.conn.close()
-    except (psycopg.Error, CannotCollect, ValueError) as exc:
-        error = f"no answer within {seconds:g}s" if expired.is_set() else str(exc).strip()
-        raise Unanswered(redact(error, conninfo)) from None
-    finally:
-        watchdog.disarm(alarm)
+            try:
+                yield server.get()
+            finally:
+                server.close()
+        except (psycopg.Error, CannotCollect, ValueError) as exc:
+            late = f"no answer within {format_duration(seconds)}"
+            error = late if expired.is_set() else str(exc).strip()
+            raise Unanswered(redact(error, conninfo)) from None
 
 
 def read_poolers(
-    target: TargetConfig, watchdog: Watchdog, seconds: float
+    target: TargetSettings, watchdog: Watchdog, seconds: float
 ) -> tuple[PoolerView, ...]:
     """The target's poolers, each read on a new connection closed after it."""
-    assert target.collection is not None
     if not target.poolers:
         return ()
     poolers = Poolers(target.poolers, target.collection)
@@ -457,7 +457,7 @@ def read_poolers(
 
 
 def answer(
-    target: TargetConfig,
+    target: TargetSettings,
     watchdog: Watchdog,
     first: Callable[[Session], None] | None = None,
 ) -> tuple[Forensics, Session]:
@@ -465,7 +465,6 @@ def answer(
     deadline (connect_timeout + statement_timeout + 1s); and the session it was read on, now
     closed. `first` runs on that session before the read (`check` reads the collection's
     statement there). Raises Unanswered."""
-    assert target.collection is not None
     settings = target.locks_page
     deadline = target.collection.scrape_wait
     started = time.monotonic()
@@ -544,9 +543,8 @@ class OnDemand:
         return result
 
 
-def on_demand(target: TargetConfig, watchdog: Watchdog) -> OnDemand:
+def on_demand(target: TargetSettings, watchdog: Watchdog) -> OnDemand:
     """The answers of one target as its configuration says: reused for locks_page.reuse_for."""
-    assert target.collection is not None
     # A read runs into its deadline, then its poolers' reads: wait for both, and a second.
     wait = 2 * target.collection.scrape_wait + 1.0
     return OnDemand(lambda: answer(target, watchdog)[0], target.locks_page.reuse_for, wait)

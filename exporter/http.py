@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import selectors
 import socket
 import ssl
 import sys
@@ -292,7 +293,32 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(*args, **kwargs)
+        # shutdown() writes to one end to wake serve_forever() at once: the standard loop
+        # looks for a shutdown only every poll interval (0.5 s), which every SIGTERM waited.
+        self._wake, self._waker = socket.socketpair()
+        self._stopped = threading.Event()
+        super().__init__(*args, **kwargs)  # closes the pair through server_close() on failure
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until shutdown(); nothing polls, so `poll_interval` is unused."""
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self, selectors.EVENT_READ)
+                selector.register(self._wake, selectors.EVENT_READ)
+                while not any(key.fileobj is self._wake for key, _ in selector.select()):
+                    self.handle_request()  # the listening socket is ready: accepts at once
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop serve_forever() and wait for it; call it from another thread."""
+        self._waker.send(b"\0")
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._wake.close()
+        self._waker.close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         error = sys.exception()

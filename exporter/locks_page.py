@@ -9,6 +9,7 @@ from typing import Any
 
 from .forensics import Backend, ContendedKey, Forensics, LockEntry, Waiter
 from .keys import BIGINT_KEY
+from .vocabulary import format_age
 
 # Every value on the page comes from the server, and clients choose their own
 # application_name and query text: each is escaped, and the page may run no script at all.
@@ -50,7 +51,7 @@ def _backend(backend: Backend, query_text: bool) -> dict[str, Any]:
         "client_addr": backend.client_addr,
         "client_port": backend.client_port,
         "backend_start": _time(backend.backend_start),
-        "state": backend.state,
+        "state": backend.state_word,
         "state_seconds": backend.state_seconds,
         "xact_start": _time(backend.xact_start),
         "session_level": backend.session_level,
@@ -139,10 +140,6 @@ def _moment(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat(sep=" ", timespec="seconds")
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
-
-
 def _key(lock: LockEntry) -> str:
     name = "" if lock.key_name is None else f" ({html.escape(lock.key_name)})"
     return f"<code>{_e(lock.key)}</code>{name}"
@@ -181,12 +178,12 @@ def _waiters_table(forensics: Forensics) -> str:
             _pids(w.queued_behind),
             _key(w.lock),
             _e(w.lock.mode),
-            _seconds(w.lock.wait_seconds),
+            _e(format_age(w.lock.wait_seconds)),
             _e(w.backend.datname),
             _e(w.backend.application_name),
             _e(w.backend.client or "-"),
             _pooler(w.backend),
-            _e(w.backend.state),
+            _e(w.backend.state_word),
             *_query(w.backend, forensics.query_text),
             f'<code class="statement">{_e(w.backend.terminate)}</code>',
         ]
@@ -220,8 +217,8 @@ def _holders_table(forensics: Forensics) -> str:
             _e(b.client or "-"),
             _pooler(b),
             _e(_moment(b.backend_start)),
-            _e(b.state),
-            _seconds(b.state_seconds),
+            _e(b.state_word),
+            _e(format_age(b.state_seconds)),
             _e(_moment(b.xact_start)),
             *_query(b, forensics.query_text),
             f'<code class="statement">{_e(b.terminate)}</code>',
@@ -261,7 +258,7 @@ def _document(title: str, body: str) -> str:
 def page_html(forensics: Forensics, age: float) -> str:
     target = html.escape(forensics.target)
     notes = [
-        f"Read at {_e(_unix(forensics.read_at))} ({age:.1f}s ago); "
+        f"Read at {_e(_unix(forensics.read_at))} ({_e(format_age(age))} ago); "
         f"{forensics.backends_total:,} backends hold or await advisory locks."
     ]
     if forensics.backends_left_out:

@@ -13,7 +13,8 @@ from .appnames import RewriteRule, fold, rewrite
 from .capacity import lock_table_capacity
 from .poolers import PoolerView, owner
 from .registry import NO_KEYS, RegisteredKey, Registry
-from .snapshot import BackendLocks, KeyUse, ServerSnapshot, certainly_session_level
+from .snapshot import BackendLocks, KeyUse, ServerSnapshot
+from .vocabulary import IDLE_STATES, certainly_session_level, mode_word, state_word, stranded
 
 
 @dataclass(frozen=True)
@@ -266,30 +267,6 @@ def target_series(
     return samples
 
 
-# pg_stat_activity.state values as the `state` label spells them.
-_STATES = {
-    "active": "active",
-    "idle": "idle",
-    "idle in transaction": "idle_in_transaction",
-    "idle in transaction (aborted)": "idle_in_transaction_aborted",
-    "fastpath function call": "fastpath_function_call",
-    "disabled": "disabled",
-}
-IDLE_STATES = frozenset({"idle", "idle_in_transaction", "idle_in_transaction_aborted"})
-_MODES = {"ExclusiveLock": "exclusive", "ShareLock": "share"}
-
-
-def state_label(backend: BackendLocks) -> str:
-    """The backend's state; without pg_read_all_stats, "idle" when it is outside a transaction.
-
-    A backend outside any transaction is idle (every statement runs in a transaction), and
-    pg_locks shows that to any role. Inside one, the state is hidden: "unknown".
-    """
-    if backend.state is not None:
-        return _STATES.get(backend.state, backend.state.replace(" ", "_"))
-    return "unknown" if backend.in_transaction else "idle"
-
-
 @dataclass
 class _Group:
     """Accumulates the backends of one (datname, application_name) label set."""
@@ -306,11 +283,11 @@ class _Group:
             if held:
                 self.locks[mode, "true"] += held
         if backend.awaited_mode is not None:
-            self.locks[_MODES[backend.awaited_mode], "false"] += 1
+            self.locks[mode_word(backend.awaited_mode), "false"] += 1
             self.waiters += 1
             self.wait_max = max(self.wait_max, backend.wait_seconds or 0.0)
         if backend.held:
-            state = state_label(backend)
+            state = state_word(backend.state, not backend.in_transaction)
             self.holders[state] += 1
             self.backend_locks_max = max(self.backend_locks_max, backend.held)
             # A long-lived key (a leader's) is held while idle on purpose: never a leak.
@@ -391,25 +368,22 @@ def _pooler_samples(
     A pooler that was read gets a 0 when nothing is stranded behind it, so that the series'
     absence means "not watched"; one that could not be read gets neither.
     """
-    stranded: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    entries: dict[tuple[str, str, str, str], int] = defaultdict(int)
     for backend, label in zip(snapshot.backends, labels, strict=True):
-        if not backend.held or not certainly_session_level(
-            not backend.in_transaction, backend.state
-        ):
-            continue
         pooled = owner(poolers, backend.pid, backend.client_addr, backend.client_port)
-        if pooled is not None and pooled.shared:
-            stranded[backend.datname, label, pooled.pooler, pooled.pool] += backend.held
+        session_level = certainly_session_level(not backend.in_transaction, backend.state)
+        if pooled is not None and stranded(backend.held, session_level, pooled):
+            entries[backend.datname, label, pooled.pooler, pooled.pool] += backend.held
     samples = [Sample("pg_advisory_pooler_up", (target, p.name), p.up) for p in poolers]
-    found = {pooler for _, _, pooler, _ in stranded}
+    found = {pooler for _, _, pooler, _ in entries}
     samples += [
         Sample("pg_advisory_pooled_session_locks", (target, "", "", p.name, ""), 0)
         for p in poolers
         if p.up and p.name not in found
     ]
     samples += [
-        Sample("pg_advisory_pooled_session_locks", (target, *group), entries)
-        for group, entries in sorted(stranded.items())
+        Sample("pg_advisory_pooled_session_locks", (target, *group), count)
+        for group, count in sorted(entries.items())
     ]
     return samples
 

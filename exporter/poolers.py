@@ -3,7 +3,6 @@ mode, read from PgBouncer's admin console or known from the poolers' addresses."
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import math
@@ -19,9 +18,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .config import CollectionSettings, PoolerConfig, redact
-from .connection import APPLICATION_NAME, interrupt
+from .config import CollectionSettings, PoolerConfig
+from .dsn import redact
+from .kept_connection import CannotCollect, KeptConnection, connect
 from .scheduling import Watchdog
+from .schema import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ SHOW_CONFIG = "SHOW CONFIG"
 # (or statements): a session-level lock left on it outlives the client that took it.
 SHARING_MODES = frozenset({"transaction", "statement"})
 _RESOLVED_FOR = 60.0  # seconds a pooler's host name stays resolved
-_FIRST_BACKOFF = 1.0  # seconds before a console that failed is tried again; doubles
 
 
 @dataclass(frozen=True)
@@ -217,100 +217,66 @@ class _Addresses:
 
 
 class _Console:
-    """The one connection kept to a pooler's admin console.
-
-    Its reader is the target's collection, one at a time. Other threads (a deadline, a
-    reload that removes the target) never close it under a read: they interrupt it, and the
-    reader closes it.
+    """The one connection kept to a pooler's admin console (a KeptConnection), read by the
+    target's collection, one at a time. After a failure the console is not tried again
+    until the backoff has passed, and the failure is the answer meanwhile, as for a server.
     """
 
     def __init__(self, config: PoolerConfig, settings: CollectionSettings) -> None:
         self.config = config
         self._settings = settings
-        self._lock = threading.Lock()  # guards the fields below it
-        self._conn: psycopg.Connection[Any] | None = None
-        self._reading = False
-        self._closed = False
+        # SHOW commands are answered from the pooler's memory: there is nothing to cancel,
+        # and a cancel request to a frozen pooler would only delay the interrupt.
+        self._kept = KeptConnection(
+            self._connect,
+            _as_is,
+            backoff_max=settings.reconnect_backoff_max,
+            cancel=False,
+        )
+        # Used by the reader only.
         self._conninfo = config.admin_dsn or ""
-        # Used by the reader only: after a failure, the console is not tried again until
-        # the backoff has passed (the failure is the answer meanwhile), as for a server.
         self._failure: PoolerView | None = None
-        self._backoff = 0.0
-        self._retry_at = 0.0
 
-    def read(self) -> PoolerView:
-        if self._failure is not None and time.monotonic() < self._retry_at:
+    def read(self, watchdog: Watchdog, seconds: float) -> PoolerView:
+        """The console's view, or why there is none; interrupted after `seconds`."""
+        if self._failure is not None and self._kept.backing_off(time.monotonic()):
             return self._failure
-        view = self._read()
-        if view.up:
-            self._failure, self._backoff = None, 0.0
-        else:
-            self._failure = view
-            self._backoff = min(
-                max(self._backoff * 2, _FIRST_BACKOFF), self._settings.reconnect_backoff_max
+        with self._kept.deadline(watchdog, seconds) as expired, self._kept.use():
+            try:
+                view = console_view(self.config.name, partial(_rows, self._kept.get()))
+            except (psycopg.Error, ValueError, CannotCollect) as exc:
+                self._kept.failed()
+                view = PoolerView(self.config.name, error=redact(str(exc).strip(), self._conninfo))
+            else:
+                self._kept.succeeded()
+        if expired.is_set():
+            # Backed off as a failure already; the connection is closed even if the read
+            # ended as the deadline passed.
+            self._kept.drop()
+            view = PoolerView(
+                self.config.name, error=f"no answer within {format_duration(seconds)}"
             )
-            self._retry_at = time.monotonic() + self._backoff
+        self._failure = None if view.up else view
         return view
-
-    def expired(self, seconds: float) -> PoolerView:
-        """The read was interrupted at its deadline: report it, and back off like a failure."""
-        self.drop()
-        self._failure = PoolerView(self.config.name, error=f"no answer within {seconds:.1f}s")
-        return self._failure
-
-    def _read(self) -> PoolerView:
-        with self._lock:
-            if self._closed:
-                return PoolerView(self.config.name, error="the target was removed")
-            self._reading, conn = True, self._conn
-        try:
-            if conn is None:
-                self._conninfo = self.config.conninfo()
-                conn = psycopg.connect(
-                    self._conninfo,
-                    autocommit=True,  # the console runs no transactions
-                    # The console takes only the simple query protocol (up to 1.25 at least);
-                    # psycopg would prepare a statement it runs a fifth time.
-                    prepare_threshold=None,
-                    application_name=APPLICATION_NAME,
-                    connect_timeout=max(2, math.ceil(self._settings.connect_timeout)),
-                )
-                with self._lock:
-                    self._conn = conn
-            return console_view(self.config.name, partial(_rows, conn))
-        except (psycopg.Error, ValueError) as exc:
-            self.drop()
-            return PoolerView(self.config.name, error=redact(str(exc).strip(), self._conninfo))
-        finally:
-            with self._lock:
-                self._reading = False
-                closed = self._closed
-            if closed:
-                self.drop()
-
-    def interrupt(self) -> None:
-        with self._lock:
-            conn = self._conn
-        if conn is not None:
-            interrupt(conn)
-
-    def drop(self) -> None:
-        """Close the connection (by its reader, or when nobody reads)."""
-        with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
 
     def close(self) -> None:
         """No more reads; one under way is interrupted, and its reader closes the connection."""
-        with self._lock:
-            self._closed = True
-            reading = self._reading
-        if reading:
-            self.interrupt()
-        else:
-            self.drop()
+        self._kept.close()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        self._conninfo = self.config.conninfo()
+        return connect(
+            self._conninfo,
+            self._settings.connect_timeout,
+            # The console takes only the simple query protocol (up to 1.25 at least);
+            # psycopg would prepare a statement it runs a fifth time.
+            prepare_threshold=None,
+        )
+
+
+def _as_is(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """A console needs nothing done before it is read."""
+    return conn
 
 
 class Poolers:
@@ -334,26 +300,12 @@ class Poolers:
             if left <= 0:
                 views.append(PoolerView(config.name, error="no time left in the collection"))
             elif config.name in self._consoles:
-                views.append(self._read_console(self._consoles[config.name], watchdog, left))
+                views.append(self._consoles[config.name].read(watchdog, left))
             else:
                 networks, error = self._addresses[config.name].networks(left)
                 mode = config.pool_mode or ""
                 views.append(PoolerView(config.name, error, networks=networks, pool_mode=mode))
         return tuple(views)
-
-    def _read_console(self, console: _Console, watchdog: Watchdog, seconds: float) -> PoolerView:
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            console.interrupt()
-
-        alarm = watchdog.arm(seconds, expire)
-        try:
-            view = console.read()
-        finally:
-            watchdog.disarm(alarm)
-        return console.expired(seconds) if expired.is_set() else view
 
     def close(self) -> None:
         for console in self._consoles.values():

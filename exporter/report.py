@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from . import catalog
 from .capacity import lock_table_capacity
-from .config import Config, TargetConfig
+from .config import Config, TargetSettings
 from .connection import Session
 from .forensics import (
     Backend,
@@ -24,7 +24,9 @@ from .locks_page import forensics_json
 from .metrics import key_groups
 from .registry import NO_KEYS, Registry
 from .scheduling import Watchdog
+from .schema import format_duration
 from .snapshot import ServerSnapshot, read_snapshot
+from .vocabulary import format_age
 
 EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10
@@ -33,21 +35,6 @@ _WAITER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "WAITING", "KEY", "NAME", "
                    "BLOCKED BY", "QUEUED BEHIND", "CLIENT", "POOLER")  # fmt: skip
 _HOLDER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "STATE", "AGE", "KEY", "NAME", "CLIENT",
                    "POOLER", "LEVEL")  # fmt: skip
-
-
-def format_seconds(seconds: float | None) -> str:
-    """3725.4 -> "1h2m5s"; None -> "unknown"."""
-    if seconds is None:
-        return "unknown"
-    whole = int(seconds)
-    if whole < 60:
-        return f"{seconds:.1f}s"
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")]
-    first = next(i for i, (value, _) in enumerate(parts) if value)
-    return "".join(f"{value}{unit}" for value, unit in parts[first:] if value)
 
 
 def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -75,11 +62,6 @@ def _keys(backend: Backend) -> tuple[str, str]:
         return "-", "-"
     more = backend.held_entries - 1
     return str(held[0].key) + (f" (+{more} more)" if more > 0 else ""), held[0].key_name or "-"
-
-
-def _state(backend: Backend) -> str:
-    # Hidden without pg_read_all_stats; outside any transaction a backend can only be idle.
-    return backend.state or ("idle" if backend.session_level else "unknown")
 
 
 def _pids(pids: Sequence[int]) -> str:
@@ -123,7 +105,7 @@ def _waiters(forensics: Forensics, out: TextIO) -> None:
                     str(w.backend.pid),
                     w.backend.datname,
                     repr(w.backend.application_name),
-                    format_seconds(w.lock.wait_seconds),
+                    format_age(w.lock.wait_seconds),
                     str(w.lock.key),
                     w.lock.key_name or "-",
                     w.lock.mode,
@@ -153,8 +135,8 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
                     str(b.pid),
                     b.datname,
                     repr(b.application_name),
-                    _state(b),
-                    format_seconds(b.state_seconds),
+                    b.state_word,
+                    format_age(b.state_seconds),
                     *_keys(b),
                     b.client or "-",
                     _pooler(b),
@@ -200,10 +182,10 @@ def _registered_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) 
     out.write(f"\n  Registered keys ({len(own)})\n")
     rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
     for key in own:
-        limit = format_seconds(key.config.max_hold) if key.config.max_hold else "-"
+        limit = format_duration(key.config.max_hold) if key.config.max_hold else "-"
         found = [(datname, group) for (datname, name), group in groups.items() if name == key.name]
         for datname, group in found:
-            held_for = format_seconds(group.hold_max) if group.holders else "-"
+            held_for = format_age(group.hold_max) if group.holders else "-"
             rows.append(
                 (key.name, datname, str(group.holders), str(group.waiters), held_for, limit)
             )
@@ -232,7 +214,7 @@ def _well_known_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) 
                     datname,
                     str(group.holders),
                     str(group.waiters),
-                    format_seconds(group.hold_max) if group.holders else "-",
+                    format_age(group.hold_max) if group.holders else "-",
                     catalog.BY_NAME[name].library,
                 )
                 for datname, name, group in in_use
@@ -306,7 +288,7 @@ class Checked:
     error: str | None = None
 
 
-def check_target(target: TargetConfig, watchdog: Watchdog) -> Checked:
+def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
     snapshots: list[ServerSnapshot] = []
 
     def collect(session: Session) -> None:

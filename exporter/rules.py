@@ -12,8 +12,8 @@ import yaml
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from .catalog import MIGRATION_KEYS
-from .config import describe_error
-from .schema import ConfigError, Duration, Strict, location
+from .schema import ConfigError, Duration, Strict, describe_error, format_duration, location
+from .yaml_file import read_yaml
 
 RUNBOOK_URL = (
     "https://github.com/pg-advisory-exporter/pg-advisory-exporter/blob/main/docs/runbook.md"
@@ -95,21 +95,6 @@ class Thresholds(Strict):
     runbook_url: str = Field(RUNBOOK_URL, description="the runbook's address; #alertname is added")
 
 
-def prometheus_duration(seconds: float) -> str:
-    """900 -> "15m", 90 -> "1m30s", 0.5 -> "500ms": the form `for` and ranges take."""
-    milliseconds = round(seconds * 1000)
-    if milliseconds == 0:
-        return "0s"
-    parts = []
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        count, milliseconds = divmod(milliseconds, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    if milliseconds:
-        parts.append(f"{milliseconds}ms")
-    return "".join(parts)
-
-
 def format_number(value: float) -> str:
     return f"{value:g}"
 
@@ -157,7 +142,7 @@ class ThresholdValues:
         return format_number(getattr(self.t, name))
 
     def duration(self, name: str) -> str:
-        return prometheus_duration(getattr(self.t, name))
+        return format_duration(getattr(self.t, name))
 
     def number(self, name: str) -> str:
         value = getattr(self.t, name)
@@ -353,7 +338,8 @@ class _Rules:
                 summary="The {{ $labels.key }} migration lock is stuck in "
                 "{{ $labels.datname }} on {{ $labels.target }}",
                 description="The well-known lock {{ $labels.key }} (a migration tool's, see "
-                f"the README's Well-known keys) {where} has been held in one state for {age}, "
+                "Well-known keys in docs/configuration.md) "
+                f"{where} has been held in one state for {age}, "
                 f"past {v.duration('migration_lock_held_after')}, or past "
                 f"{v.duration('migration_lock_waited_after')} with a session waiting for it: "
                 "a migration that hangs, or that crashed with its session still open, blocks "
@@ -451,10 +437,8 @@ def thresholds_from(file: Path | None, settings: Sequence[str]) -> Thresholds:
     """Thresholds from a YAML file of overrides, then NAME=VALUE settings over it."""
     values: dict[str, Any] = {}
     if file is not None:
-        try:
-            loaded = yaml.safe_load(file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{file}: cannot read the thresholds: {exc}") from None
+        # The configuration's reader: a key given twice is refused, not the last one taken.
+        loaded = read_yaml(file, "thresholds file") or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{file}: expected a mapping of threshold names to values")
         try:

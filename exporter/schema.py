@@ -1,11 +1,12 @@
-"""Building blocks shared by the configuration models: strict models and durations."""
+"""Building blocks shared by the configuration models and the alert thresholds: strict models,
+durations and errors that say where they are."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
-from typing import Annotated
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -38,13 +39,23 @@ PARSE_DURATION = BeforeValidator(parse_duration)
 Duration = Annotated[float, PARSE_DURATION, Field(gt=0, allow_inf_nan=False)]
 
 
-def format_duration(seconds: float) -> str:
-    """A bound as it would be written: "1ms", "10m", "1h"."""
+def format_duration(seconds: float, resolution: float = 0.001) -> str:
+    """Seconds as Prometheus writes a duration (its model.Duration): 900 -> "15m",
+    90 -> "1m30s", 0.5 -> "500ms", 0 -> "0s"; parse_duration reads it back.
+
+    Rounded first to `resolution` seconds, a whole number of milliseconds: a measured age
+    reads better as "1h2m5s" than as "1h2m5s417ms".
+    """
+    step = max(round(resolution * 1000), 1)
+    milliseconds = round(seconds * 1000 / step) * step
+    if milliseconds == 0:
+        return "0s"
+    parts = []
     for unit in ("d", "h", "m", "s", "ms"):
-        count = seconds / _DURATION_UNITS[unit]
-        if count >= 1 and count.is_integer():
-            return f"{int(count)}{unit}"
-    return f"{seconds}s"
+        count, milliseconds = divmod(milliseconds, round(_DURATION_UNITS[unit] * 1000))
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
 
 
 def duration_within(least: float, most: float) -> AfterValidator:
@@ -67,10 +78,20 @@ class ConfigError(Exception):
 
 
 def location(loc: Sequence[int | str]) -> str:
+    """Where in a document a validation error is: "targets[0].collection.min_interval"."""
     path = ""
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path or "(top level)"
+
+
+def describe_error(error: Mapping[str, Any]) -> str:
+    """What is wrong, from one of pydantic's errors, in the words of a configuration."""
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    if error["type"] == "missing":
+        return "required field is missing"
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 class Strict(BaseModel):

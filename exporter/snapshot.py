@@ -244,13 +244,6 @@ class KeyUse:
     awaited: bool
 
 
-def certainly_session_level(outside_transaction: bool, state: str | None) -> bool:
-    """Whether every advisory lock a backend holds is session-level: outside any transaction
-    (no virtual transaction of its own, "n/0"; or idle) it can hold no other kind. Inside
-    one, pg_locks cannot tell the two kinds apart (postgres-facts)."""
-    return outside_transaction or state == "idle"
-
-
 @dataclass(frozen=True)
 class BackendLocks:
     """One backend that holds or awaits advisory locks, as the collection saw it."""

@@ -13,13 +13,15 @@ from urllib.parse import quote
 
 import psycopg
 
-from .config import TargetConfig
-from .connection import CannotCollect, ServerConnection
+from .config import TargetSettings
+from .connection import ServerConnection
 from .endpoints import LOCKS_PATH
 from .forensics import Answer, on_demand
+from .kept_connection import CannotCollect
 from .metrics import Sample, locks_page_info, server_samples, target_series
 from .poolers import Poolers, PoolerView
 from .scheduling import CollectionPool, Priority, Task, Watchdog
+from .schema import format_duration
 from .snapshot import ServerSnapshot, read_snapshot
 
 log = logging.getLogger(__name__)
@@ -66,12 +68,11 @@ class Target:
 
     def __init__(
         self,
-        config: TargetConfig,
+        config: TargetSettings,
         pool: CollectionPool,
         watchdog: Watchdog,
         external_url: str | None = None,
     ) -> None:
-        assert config.collection is not None
         self.name = config.name
         # Where the target's /locks page is, where the exporter knows its own URL: a series
         # for alert descriptions to link to, made once here rather than at every scrape.
@@ -191,9 +192,7 @@ class Target:
 
     def close(self) -> None:
         """Close the connection; one in use is interrupted, and its collection closes it."""
-        with self._state:
-            in_use = self._task is not None and self._task.future.running()
-        self._server.close(in_use)
+        self._server.close()
         self._poolers.close()
 
     # -- collection (one at a time, on the pool) -------------------------------------------
@@ -202,7 +201,8 @@ class Target:
         started = time.monotonic()
         alarm = self._watchdog.arm(self.settings.scrape_wait, partial(self._expire, generation))
         try:
-            collection = self._read(started)
+            with self._server.use():
+                collection = self._read(started)
         except Exception:  # never let one target's bug take the exporter down
             log.exception("collection failed unexpectedly", extra={"target": self.name})
             collection = self._failed(started, "internal error, see the exporter's log")
@@ -211,7 +211,7 @@ class Target:
         with self._state:
             expired = self._expired
             self._expired = False
-        if expired or self._server.retired():  # an interrupted connection is never used again
+        if expired:  # an interrupted connection is never used again
             self._server.drop()
         with self._state:
             self._last = collection
@@ -280,7 +280,7 @@ class Target:
         return views
 
     def _snapshot(self) -> ServerSnapshot:
-        conn = self._server.get()
+        conn = self._server.connection()
         snapshot = read_snapshot(conn, self._server.registry)
         self._server.saw_databases(snapshot.deadlocks)  # a new one: catalog keys next time
         return snapshot
@@ -295,7 +295,8 @@ class Target:
             expired = self._expired
         if expired:
             return (
-                f"no answer within the collection's deadline ({self.settings.scrape_wait:g}s); "
+                "no answer within the collection's deadline "
+                f"({format_duration(self.settings.scrape_wait)}); "
                 "the statement was cancelled and the connection closed"
             )
         return self._server.redact(str(exc).strip())

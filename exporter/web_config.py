@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from .schema import ConfigError, Strict, location
+from .schema import ConfigError, Strict, describe_error, location
 from .yaml_file import read_yaml
 
 # exporter-toolkit's names (Go's tls.CipherSuites()) and OpenSSL's for the same suites.
@@ -267,10 +267,7 @@ def _ssl_context(config: TlsServerConfig, folder: Path, source: str) -> ssl.SSLC
 
 
 def _error(path: Path, error: Mapping[str, Any]) -> str:
-    problem = str(error["msg"]).removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        problem = "unknown field"
-    return f"{path}: {location(error['loc'])}: {problem}"
+    return f"{path}: {location(error['loc'])}: {describe_error(error)}"
 
 
 def read_web_config(path: Path) -> WebSettings:

@@ -1,5 +1,6 @@
-"""Reading a YAML configuration file without trusting it: size, encoding, nesting depth and
-duplicate keys are checked before anything is built from it."""
+"""Reading a YAML file without trusting it: size, encoding, nesting depth, alias expansion and
+duplicate keys are checked before anything is built from it. Every file the exporter reads
+(configuration, web configuration, alert thresholds) comes through here."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ MAX_FILE_BYTES = 8 * 1024 * 1024
 # The schema nests six levels deep. The pure-Python parser recurses per level, so without a
 # bound a deeply nested file would end in a RecursionError instead of a message.
 MAX_NESTING = 64
+# An alias repeats the node it names. The loader shares that node, but validation walks it
+# once per alias: nine levels of ten aliases each ("billion laughs") would take a billion
+# steps. Aliases may repeat shared settings across a fleet: twenty times the 50,000 values of
+# a file of 10,000 targets' names and DSNs is far beyond that.
+MAX_EXPANDED_NODES = 1_000_000
 # libyaml's parser is several times faster on a big fleet; the pure-Python one is the fallback
 # for a PyYAML built without it.
 _LOADER: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
@@ -23,16 +29,14 @@ _LOADER: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
 )
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, what: str) -> str:
     try:
         with path.open("rb") as file:
             data = file.read(MAX_FILE_BYTES + 1)  # no more, whatever the file turns out to be
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(
-            f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; is this the configuration file?"
-        )
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; is this the {what}?")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -62,6 +66,49 @@ def _check_nesting(text: str, path: Path) -> None:
                 )
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_expansion(root: yaml.Node, path: Path) -> None:
+    """Refuse aliases that expand the document past MAX_EXPANDED_NODES, or into itself.
+
+    Each distinct list or mapping is sized once (its size counts its children's as often as
+    they are named), so a bomb is measured in as many steps as it has written nodes. A
+    value (scalar) counts one wherever it is: only the pushes of lists and mappings cost.
+    """
+    size: dict[int, int] = {}
+    walking: set[int] = set()  # the collections whose descendants are being sized
+    aliased = False  # without aliases, MAX_FILE_BYTES bounds the document already
+    # A node, then again with its children once they are sized.
+    pending: list[tuple[yaml.Node, list[yaml.Node] | None]] = [(root, None)]
+    while pending:
+        node, sized = pending.pop()
+        if sized is not None:
+            walking.discard(id(node))
+            size[id(node)] = 1 + sum(size.get(id(child), 1) for child in sized)
+            continue
+        if id(node) in size:
+            aliased = True
+            continue
+        if id(node) in walking:
+            raise ConfigError(f"{path}: {_at(node.start_mark)}: an alias names a node holding it")
+        walking.add(id(node))
+        children = _children(node)
+        pending.append((node, children))
+        pending.extend((c, None) for c in children if isinstance(c, yaml.CollectionNode))
+    expanded = size.get(id(root), 1)
+    if aliased and expanded > MAX_EXPANDED_NODES:
+        raise ConfigError(
+            f"{path}: aliases expand the document to {expanded:,} values, "
+            f"more than {MAX_EXPANDED_NODES:,}"
+        )
 
 
 def _check_unique_keys(root: yaml.Node, path: Path) -> None:
@@ -99,6 +146,7 @@ def _parse(text: str, path: Path) -> object:
             root = loader.get_single_node()
             if root is None:  # an empty file
                 return None
+            _check_expansion(root, path)
             _check_unique_keys(root, path)
             return loader.construct_document(root)
         finally:
@@ -111,6 +159,9 @@ def _parse(text: str, path: Path) -> object:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
-def read_yaml(path: Path) -> object:
-    """The document in the file at `path`; ConfigError, naming the file, if it cannot be one."""
-    return _parse(_read_text(path), path)
+def read_yaml(path: Path, what: str = "configuration file") -> object:
+    """The document in the file at `path`; ConfigError, naming the file, if it cannot be one.
+
+    `what` names the kind of file in the messages that cannot say where in it the problem is.
+    """
+    return _parse(_read_text(path, what), path)

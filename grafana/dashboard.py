@@ -21,7 +21,8 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from pg_advisory_exporter.metrics import SPECS
-from pg_advisory_exporter.rules import RUNBOOK_URL, Thresholds, prometheus_duration
+from pg_advisory_exporter.rules import RUNBOOK_URL, Thresholds
+from pg_advisory_exporter.schema import format_duration
 
 UID = "pg-advisory-locks"
 TITLE = "PostgreSQL advisory locks"
@@ -213,7 +214,7 @@ def _table(
 
 
 def _overview() -> list[PanelBuilder]:
-    leaked_after = prometheus_duration(ALERTS.leaked_lock_after)
+    leaked_after = format_duration(ALERTS.leaked_lock_after)
     return [
         _stat(
             "Targets up",
@@ -227,7 +228,7 @@ def _overview() -> list[PanelBuilder]:
             "Targets down",
             "Servers the exporter cannot read (refused, login failed, timed out); every panel "
             "below is blind to them. The exporter's log says why; PgAdvisoryTargetDown pages "
-            f"after {prometheus_duration(ALERTS.target_down_for)}.",
+            f"after {format_duration(ALERTS.target_down_for)}.",
             "short",
             Query(f"sum(1 - {sel('pg_advisory_up')})", "down"),
             (1, "red"),
@@ -254,7 +255,7 @@ def _overview() -> list[PanelBuilder]:
             "longer owns the connection, the next client handed it holds them too, and every "
             "other session fails to get them. Any pages as "
             "PgAdvisorySessionLockInTransactionPool in about "
-            f"{prometheus_duration(ALERTS.pooled_session_lock_for)}. The Poolers row names the "
+            f"{format_duration(ALERTS.pooled_session_lock_for)}. The Poolers row names the "
             "application and pool, the target's locks page the backend; as the runbook says, "
             "end that backend, then move the job to transaction-level locks, a session-mode "
             "pool or a direct connection.",
@@ -276,7 +277,7 @@ def _overview() -> list[PanelBuilder]:
         _stat(
             "Longest wait",
             "The longest any session has been waiting for an advisory lock. Past "
-            f"{prometheus_duration(ALERTS.wait_after)} PgAdvisoryLockWaitTooLong warns: its "
+            f"{format_duration(ALERTS.wait_after)} PgAdvisoryLockWaitTooLong warns: its "
             "holder may be stuck or leaked.",
             "s",
             Query(f"max({sel('pg_advisory_wait_max_seconds')})", "longest wait"),
@@ -302,7 +303,7 @@ def _overview() -> list[PanelBuilder]:
 
 
 def _holders_and_waiters() -> list[PanelBuilder]:
-    leaked_after = prometheus_duration(ALERTS.leaked_lock_after)
+    leaked_after = format_duration(ALERTS.leaked_lock_after)
     return [
         _timeseries(
             "Advisory locks held by application",
@@ -347,7 +348,7 @@ def _holders_and_waiters() -> list[PanelBuilder]:
         _timeseries(
             "Waiters by application",
             "Sessions waiting for an advisory lock, per application. More than "
-            f"{ALERTS.waiters} of one application for {prometheus_duration(ALERTS.waiters_for)} "
+            f"{ALERTS.waiters} of one application for {format_duration(ALERTS.waiters_for)} "
             "raises PgAdvisoryLockWaitersPiling: find what the holder is doing.",
             "short",
             [Query(f"sum by ({GROUP}) ({sel('pg_advisory_waiters')})", OF_APPLICATION)],
@@ -356,7 +357,7 @@ def _holders_and_waiters() -> list[PanelBuilder]:
         _timeseries(
             "Longest wait by application",
             "The longest current wait for an advisory lock in each application. Above the line "
-            f"({prometheus_duration(ALERTS.wait_after)}) PgAdvisoryLockWaitTooLong warns: the "
+            f"({format_duration(ALERTS.wait_after)}) PgAdvisoryLockWaitTooLong warns: the "
             "holder is probably stuck, the runbook finds it.",
             "s",
             [Query(f"max by ({GROUP}) ({sel('pg_advisory_wait_max_seconds')})", OF_APPLICATION)],
@@ -428,7 +429,7 @@ def _poolers() -> list[PanelBuilder]:
             "or statement-mode pool, per application and pool: the next client handed the "
             "connection holds them too. 0 per pooler read and found clean. Above 0 "
             "PgAdvisorySessionLockInTransactionPool pages after "
-            f"{prometheus_duration(ALERTS.pooled_session_lock_for)}: end the backend as the "
+            f"{format_duration(ALERTS.pooled_session_lock_for)}: end the backend as the "
             "runbook says, and take the lock per transaction or through a session-mode pool.",
             "short",
             [
@@ -580,7 +581,7 @@ def _exporter() -> list[PanelBuilder]:
             "Time since last successful collection",
             "How old the newest good reading of each server is. It grows while a server cannot "
             f"be read; PgAdvisoryTargetDown pages after "
-            f"{prometheus_duration(ALERTS.target_down_for)}.",
+            f"{format_duration(ALERTS.target_down_for)}.",
             "s",
             [
                 Query(

@@ -36,7 +36,7 @@ from support import (
     wait_until,
 )
 
-from pg_advisory_exporter.embedded_postgres import (
+from devtools.embedded_postgres import (
     EmbeddedPostgres,
     find_server_binaries,
     free_port,

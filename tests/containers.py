@@ -23,8 +23,7 @@ IMAGE = "localhost/pg-advisory-exporter:test"
 # The machine's CA bundle: pip inside the build does not trust the package registry's chain
 # with the base's own bundle. A build volume mounts it over the base's bundle (Debian's pip
 # reads that one), so it reaches the build only: a mount target that the base lacks, such
-# as the /etc/pip.conf of ../shared/containers.md, podman 4.3 leaves in the image as an
-# empty file.
+# as /etc/pip.conf, podman 4.3 leaves in the image as an empty file.
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 # What the official python:3.11-slim-bookworm carries that the Dockerfile relies on or a

@@ -18,7 +18,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from support import wait_until
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
+from devtools.embedded_postgres import EmbeddedPostgres, free_port
 
 TRANSACTION_POOL = "app"  # pool_mode = transaction
 SESSION_POOL = "app_session"  # pool_mode = session

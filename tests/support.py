@@ -26,8 +26,8 @@ import trustme
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import TupleRow
 
+from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.capacity import CapacitySettings
-from pg_advisory_exporter.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.forensics import Backend, LockEntry
 from pg_advisory_exporter.snapshot import BackendLocks, ServerSnapshot
 
@@ -35,7 +35,7 @@ PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
 MONITOR_PASSWORD = "monitor-s3cret-pw"
 PLAIN_PASSWORD = "plain-s3cret-pw"
 
-# The registry the README documents, from the seed articles.
+# The key registry that docs/configuration.md documents: one entry of every form.
 REGISTRY: list[dict[str, Any]] = [
     {"name": "reward_points_cron", "text": "cron:recalc-reward-points", "hash": "hashtextextended",
      "max_hold": "10m"},

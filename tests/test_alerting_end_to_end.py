@@ -17,7 +17,7 @@ import yaml
 from pgbouncer import SESSION_POOL, STATS_PASSWORD, PgBouncer
 from support import Cli, OneTarget, RunningExporter, StartExporter, StartService, wait_until
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
+from devtools.embedded_postgres import EmbeddedPostgres, free_port
 
 ROOT = Path(__file__).parent.parent
 ARRIVES_WITHIN = 60.0
@@ -70,7 +70,7 @@ def webhook() -> Iterator[Webhook]:
 
 
 def _alertmanager_config(webhook: Webhook) -> dict[str, Any]:
-    """The README's example configuration, pointed at the test's webhook, with short waits."""
+    """The example configuration in docs/, pointed at the test's webhook, with short waits."""
     config: dict[str, Any] = yaml.safe_load((ROOT / "docs" / "alertmanager.yml").read_text())
     config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
     config["receivers"][0]["webhook_configs"][0]["url"] = f"http://127.0.0.1:{webhook.port}/"
@@ -84,7 +84,7 @@ def _prometheus_and_alertmanager(
     start_service: StartService,
     tmp_path: Path,
 ) -> None:
-    """Alertmanager with the README's configuration, and Prometheus scraping the exporter
+    """Alertmanager with the example configuration, and Prometheus scraping the exporter
     every second as job pg-advisory with these rules."""
     (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(_alertmanager_config(webhook)))
     alertmanager = start_service(

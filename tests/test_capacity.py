@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from support import PG_MAJOR
 
+from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.capacity import CapacitySettings, lock_table_capacity, max_backends
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.snapshot import read_snapshot
 
 DEFAULTS = {
@@ -24,7 +24,7 @@ DEFAULTS = {
     [
         # 100 + 3 autovacuum + 1 launcher + 8 + 10 = 122 backends
         (140000, None, 64 * 122),
-        (150018, None, 7808),  # the figure postgres-facts.md measured on 15.18
+        (150018, None, 7808),  # what a real 15.18 server reported
         (160004, None, 64 * 122),
         # 17: the launcher and the slot sync worker count as two special workers
         (170011, None, 64 * 123),

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from support import Cli, Config, OneTarget, RunningExporter, Scrape, Session, StartExporter
 
+from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter import catalog
 from pg_advisory_exporter.catalog import (
     BY_NAME,
@@ -28,7 +29,6 @@ from pg_advisory_exporter.catalog import (
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.config import FileConfig, load, read_environment, read_flags
 from pg_advisory_exporter.connection import DATABASES_SQL
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.registry import KeyConfig, Registry, with_catalog
 
 # -- Each key, from the values the libraries' own sources and tests give -------------------
@@ -421,10 +421,11 @@ def _readme_row(entry: dict[str, str]) -> str:
     return "| " + " | ".join([*cells, entry["level"]]) + " |"
 
 
-def test_the_readme_table_is_the_catalog() -> None:
-    """The README's Well-known keys table says what catalog.py holds, row for row."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Well-known keys") :]
+def test_the_docs_table_is_the_catalog() -> None:
+    """The Well-known keys table of docs/configuration.md says what catalog.py holds, row for
+    row."""
+    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    section = doc[doc.index("## Well-known keys") :]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     expected = [_readme_row(entry.describe()) for entry in ENTRIES]
     assert rows[: len(expected)] == expected, "\n".join(expected)

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from support import RunningExporter, Scrape
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from devtools.embedded_postgres import EmbeddedPostgres
 
 ROOT = Path(__file__).parent.parent
 NPM_PACKAGES = ("node-pg-migrate@7.9.1", "pg@8.16.3")  # 7.9 runs on Debian 12's Node 18 too

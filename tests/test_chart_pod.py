@@ -21,7 +21,7 @@ from containers import Podman
 from helm_python.chart import Chart
 from support import MONITOR_PASSWORD, Scrape, Session, wait_until
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
+from devtools.embedded_postgres import EmbeddedPostgres, free_port
 
 CHART = Path(__file__).parent.parent / "deploy" / "helm" / "pg-advisory-exporter"
 UID = 65532

@@ -6,20 +6,22 @@ import logging
 import os
 import re
 import time
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 from support import Cli, Config
 
+from devtools.embedded_postgres import free_port
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.config import (
     Overrides,
+    TargetSettings,
     load,
     read_environment,
     read_flags,
 )
-from pg_advisory_exporter.embedded_postgres import free_port
 from pg_advisory_exporter.logs import LogfmtFormatter
 from pg_advisory_exporter.schema import ConfigError, parse_duration
 from pg_advisory_exporter.yaml_file import MAX_FILE_BYTES
@@ -197,8 +199,6 @@ def test_flags_override_environment_which_overrides_the_file(
     def settings(flags: dict[str, str]) -> tuple[float, float, float, str]:
         config = load(read_flags({"config_file": str(path), **flags}), read_environment())
         a, b = (t.collection for t in config.targets)
-        assert a is not None
-        assert b is not None
         return a.min_interval, b.min_interval, a.statement_timeout, config.log.level
 
     assert settings({}) == (10, 60, 7, "debug")
@@ -383,8 +383,6 @@ def test_anchors_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
     )
     config = load(read_flags({"config_file": str(path)}), read_environment())
     a, b = (t.collection for t in config.targets)
-    assert a is not None
-    assert b is not None
     assert (a.statement_timeout, a.min_interval, b.min_interval) == (0.001, 3600, 1)
 
 
@@ -446,3 +444,25 @@ def test_a_lower_case_variable_is_named_as_it_is_set(cli: Cli) -> None:
     assert "Part2xQ" not in message
     message = _refused(cli, DATA_SOURCE_NAME=DSN, pg_advisory_exporter_statement_timeout="x")
     assert "environment variable pg_advisory_exporter_statement_timeout: 'x' is not" in message
+
+
+def test_the_runtime_gets_every_setting_resolved(tmp_path: Path) -> None:
+    # The file's model leaves out what its top level or the flags give; the runtime's has it.
+    path = _write(
+        tmp_path,
+        "catalog: false\nlocks_page: {query_text: true}\ncollection: {min_interval: 1m}\n"
+        f"targets:\n  - {{name: a, dsn: '{DSN}', locks_page: {{reuse_for: 1s}}}}\n",
+    )
+    (target,) = load(
+        read_flags({"config_file": str(path), "statement_timeout": "2s"}), read_environment()
+    ).targets
+    assert (target.collection.min_interval, target.collection.statement_timeout) == (60, 2)
+    assert target.catalog is False
+    assert (target.locks_page.query_text, target.locks_page.reuse_for) == (True, 1)
+    # Only "no password file" may be absent: anything else optional would be left to assert.
+    optional = {
+        name
+        for name, field in TargetSettings.model_fields.items()
+        if type(None) in typing.get_args(field.annotation)
+    }
+    assert optional == {"password_file"}

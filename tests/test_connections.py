@@ -16,7 +16,7 @@ import pytest
 import yaml
 from support import Cli, RunningExporter, Session, SilentServer, wait_until
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from devtools.embedded_postgres import EmbeddedPostgres
 
 
 def _open_fds(exporter: RunningExporter) -> int:

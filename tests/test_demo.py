@@ -1,20 +1,22 @@
-"""`pg-advisory-exporter demo` run as a user runs it: the scenarios show up in its metrics."""
+"""The demo run as `make demo` runs it: the scenarios show up in its metrics."""
 
 from __future__ import annotations
 
 import re
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 import pytest
-from support import Scrape, cli_command, scrape, wait_until
+from support import Scrape, scrape, wait_until
 
-from pg_advisory_exporter.embedded_postgres import free_port
+from devtools.embedded_postgres import free_port
 
+ROOT = Path(__file__).parent.parent
 SCENARIOS_WITHIN = 90.0  # start-up, then a full bulk-import cycle (25s) with room to spare
 STOP_WITHIN = 30.0
 
@@ -113,7 +115,8 @@ def _data_directory(output: str) -> Path:
 def test_demo_plays_the_scenarios_and_cleans_up_on_ctrl_c() -> None:
     port = free_port()
     process = subprocess.Popen(
-        cli_command("demo", "--web.listen-address", f"127.0.0.1:{port}"),
+        [sys.executable, "-m", "devtools.demo", "--web.listen-address", f"127.0.0.1:{port}"],
+        cwd=ROOT,  # as make runs it: devtools/ is found in the repository, never installed
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

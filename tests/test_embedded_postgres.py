@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pg_advisory_exporter.embedded_postgres import (
+from devtools.embedded_postgres import (
     CACHE_VARIABLE,
     WHEEL_VERSIONS,
     EmbeddedPostgresError,

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from support import PG_MAJOR, Config, Scrape, Session, SilentServer, StartExporter
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
+from devtools.embedded_postgres import EmbeddedPostgres, free_port
 
 
 @pytest.fixture(scope="module")

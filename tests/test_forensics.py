@@ -201,6 +201,7 @@ def test_rows_are_mapped_with_key_names_levels_and_poolers() -> None:
     assert backend.session_level is False
     assert backend.pooled == PooledBackend("pgbouncer", "", "transaction")
     assert not backend.stranded
+    assert (backend.state_word, backend.level) == ("idle_in_transaction", "session or transaction")
     idle = backend_from_row({**row, "state": "idle"}, _registry(), views)
     assert idle.session_level
     assert idle.stranded
@@ -221,6 +222,23 @@ def test_caps_say_what_they_left_out() -> None:
     assert page["backends_left_out"] == 699
     assert "699 backends are left out" in page_html(found, 1.5)
     assert "99,950 more" in page_html(found, 1.5)
+
+
+def test_the_page_says_states_and_ages_as_check_and_the_metrics_do() -> None:
+    in_tx = forensic_backend(
+        1, _lock(1), state="idle in transaction", state_seconds=3725.4, session_level=False
+    )
+    hidden = forensic_backend(2, _lock(2), state=None, state_seconds=None)  # outside: idle
+    waiter = forensic_backend(3, _lock(1, waiting_since=25), state="active")
+    found = _read(in_tx, hidden, waiter)
+    text = page_html(found, 2.25)
+    assert "<td>idle_in_transaction</td><td>1h2m5s</td>" in text
+    assert "<td>idle</td><td>unknown</td>" in text
+    assert "<td>1m15s</td>" in text  # the wait
+    assert "(2s200ms ago)" in text
+    page = page_json(found, 2.25)
+    assert [h["state"] for h in page["holders"]] == ["idle_in_transaction", "idle"]
+    assert page["holders"][0]["state_seconds"] == 3725.4  # numbers stay numbers
 
 
 HOSTILE = "<script>alert(1)</script>"

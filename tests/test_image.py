@@ -18,8 +18,8 @@ import pytest
 from containers import BASE_IMAGE, ROOT, Podman
 from support import Scrape, Session, http_get, wait_until
 
+from devtools.embedded_postgres import free_port
 from pg_advisory_exporter import __version__
-from pg_advisory_exporter.embedded_postgres import free_port
 
 # The first test to use the image pays for debootstrap (about a minute, once per machine)
 # and the build.

@@ -27,7 +27,7 @@ from support import (
     wait_until,
 )
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres, free_port
+from devtools.embedded_postgres import EmbeddedPostgres, free_port
 from pg_advisory_exporter.forensics import (
     FORENSICS_SQL,
     FORENSICS_WITH_QUERY_SQL,

@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from devtools.demo import check_command, config_file_text, demo_config
+from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.config import (
     WebConfig,
@@ -19,8 +21,6 @@ from pg_advisory_exporter.config import (
     read_environment,
     read_flags,
 )
-from pg_advisory_exporter.demo import check_command, config_file_text, demo_config
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.rules import Thresholds
 from pg_advisory_exporter.schema import ConfigError
 from pg_advisory_exporter.snapshot import read_snapshot

@@ -8,7 +8,7 @@ import pytest
 from support import IDLE, snapshot_of
 
 from pg_advisory_exporter.appnames import RewriteRule
-from pg_advisory_exporter.metrics import SPECS, Sample, server_samples, state_label
+from pg_advisory_exporter.metrics import SPECS, Sample, server_samples
 
 
 def _values(samples: list[Sample], name: str) -> dict[tuple[str, ...], float]:
@@ -76,7 +76,8 @@ def test_idle_ages_are_the_longest_per_state() -> None:
 )
 def test_state_labels(state: str | None, in_transaction: bool, label: str) -> None:
     backend = replace(IDLE, state=state, in_transaction=in_transaction)
-    assert state_label(backend) == label
+    samples = server_samples("main", snapshot_of(backend), [], 100).samples
+    assert _values(samples, "pg_advisory_holders") == {("main", "app", "billing-worker", label): 1}
 
 
 def test_rewrite_then_cap_and_folded_count() -> None:

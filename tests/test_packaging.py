@@ -2,26 +2,96 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from support import StartExporter
 
 ROOT = Path(__file__).parent.parent
+# The development package (the demo, the throwaway server) and each of its modules, by the
+# name an import would give it: none may reach what users install.
+DEVELOPMENT = frozenset(
+    {"devtools", *(path.stem for path in (ROOT / "devtools").glob("*.py"))} - {"__init__"}
+)
+# The build context of the image: the package's metadata and source, nothing else.
+IMAGE_SOURCES = frozenset({"pyproject.toml", "README.md", "LICENSE", "exporter/"})
 
 
-def test_the_wheel_installs_only_the_projects_own_package(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
+    directory = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path), str(ROOT)],
+         "--wheel-dir", str(directory), str(ROOT)],
         check=True, capture_output=True,
     )  # fmt: skip
-    [wheel] = tmp_path.glob("*.whl")
-    top_level = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert top_level == {"pg_advisory_exporter", f"{wheel.name.split('-py3')[0]}.dist-info"}
-    assert "pg_advisory_exporter/py.typed" in zipfile.ZipFile(wheel).namelist()
+    [path] = directory.glob("*.whl")
+    with zipfile.ZipFile(path) as archive:
+        yield archive
+
+
+def _development_imports(source: str) -> set[str]:
+    """The modules of DEVELOPMENT that this source imports, absolutely or relatively."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found |= {name for name in names if DEVELOPMENT & set(name.split("."))}
+    return found
+
+
+def test_the_wheel_installs_only_the_projects_own_package(wheel: zipfile.ZipFile) -> None:
+    name = Path(str(wheel.filename)).name
+    top_level = {member.split("/")[0] for member in wheel.namelist()}
+    assert top_level == {"pg_advisory_exporter", f"{name.split('-py3')[0]}.dist-info"}
+    assert "pg_advisory_exporter/py.typed" in wheel.namelist()
+
+
+def test_the_wheel_carries_no_development_code(wheel: zipfile.ZipFile) -> None:
+    modules = [member for member in wheel.namelist() if member.endswith(".py")]
+    assert "pg_advisory_exporter/cli.py" in modules
+    assert not [m for m in modules if Path(m).stem in DEVELOPMENT]
+    importing = {m: _development_imports(wheel.read(m).decode()) for m in modules}
+    assert {m: found for m, found in importing.items() if found} == {}
+    # The check sees each way of importing them.
+    for source in (
+        "import devtools.demo",
+        "from devtools.embedded_postgres import free_port",
+        "from . import demo",
+        "from .embedded_postgres import EmbeddedPostgres",
+    ):
+        assert _development_imports(source), source
+    assert not _development_imports("from . import daemon\nimport psycopg")
+
+
+def test_the_image_is_built_from_the_package_alone() -> None:
+    # Each COPY from the build context names only the package's files (COPY --from copies
+    # between stages), and .dockerignore keeps everything else out of the context.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = {
+        source
+        for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, re.MULTILINE)
+        for source in line.split()[:-1]
+    }
+    assert copied == IMAGE_SOURCES
+    ignore = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert ignore[0] == "*"
+    assert {line[1:] for line in ignore if line.startswith("!")} == IMAGE_SOURCES
 
 
 def test_a_daemon_start_loads_no_development_code(
@@ -38,7 +108,5 @@ def test_a_daemon_start_loads_no_development_code(
         if line.startswith("import time:")
     }
     assert "pg_advisory_exporter.daemon" in imported
-    assert not {"exporter"} & imported
-    for development_only in ("demo", "embedded_postgres"):
-        assert f"pg_advisory_exporter.{development_only}" not in imported
+    assert not {"exporter", "devtools"} & imported
     assert "logger=pg_advisory_exporter." in exporter.log()

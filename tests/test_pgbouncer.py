@@ -1,4 +1,4 @@
-"""The seed's worst case: a session lock stranded on a server connection of a transaction
+"""The worst case of a pool: a session lock stranded on a server connection of a transaction
 pool, through a real PgBouncer (tests/pgbouncer.py), seen by the real exporter."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from pgbouncer import SESSION_POOL, STATS_PASSWORD, TRANSACTION_POOL, PgBouncer
 from support import Config, OneTarget, Scrape, StartExporter
 
-from pg_advisory_exporter.embedded_postgres import free_port
+from devtools.embedded_postgres import free_port
 
 STRANDED = "pg_advisory_pooled_session_locks"
 TRANSACTION = f"{TRANSACTION_POOL}/postgres"  # PgBouncer's pool: database/user (forced)
@@ -67,7 +67,7 @@ def test_a_session_lock_stranded_in_a_transaction_pool_is_counted_with_its_pool(
     assert scrape.value("pg_advisory_holders", **labels, state="idle") == 1
     assert not scrape.find(STRANDED, pooler="pgbouncer", datname="")  # no 0 beside it
 
-    # The next client handed that server connection "gets" the lock too: the seed's double
+    # The next client handed that server connection "gets" the lock too: the job's double
     # run. The lock is still stranded, now under the new client's name.
     with psycopg.connect(
         pgbouncer.dsn(), autocommit=True, application_name="nightly-job-2"

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 from support import IDLE, snapshot_of
@@ -284,3 +285,33 @@ def test_host_names_are_resolved_at_most_once_a_minute(monkeypatch: pytest.Monke
     monkeypatch.setattr(addresses, "_resolved_at", time.monotonic() - 61)
     addresses.networks(1.0)
     assert asked == ["pgbouncer.example"] * 2
+
+
+def test_a_console_that_failed_answers_with_its_failure_until_the_backoff_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _load(tmp_path, {"name": "pgb", "admin_dsn": CONSOLE + " password=s3cret"})
+    target = config.targets[0]
+    attempts: list[dict[str, Any]] = []
+
+    def refused(conninfo: str, connect_timeout: float, **options: Any) -> Any:
+        attempts.append(options)
+        raise psycopg.OperationalError(f'connection to "{conninfo}" failed: refused')
+
+    monkeypatch.setattr(poolers, "connect", refused)
+    watchdog = Watchdog()
+    console = poolers._Console(target.poolers[0], target.collection)
+    failure = console.read(watchdog, 5.0)
+    assert failure.error is not None
+    assert "refused" in failure.error
+    assert "s3cret" not in failure.error
+    # The first backoff is a second: meanwhile the failure is the answer, and nothing is tried.
+    assert console.read(watchdog, 5.0) is failure
+    # The console takes no prepared statements.
+    assert attempts == [{"prepare_threshold": None}]
+    quick = target.collection.model_copy(update={"reconnect_backoff_max": 0.001})
+    console = poolers._Console(target.poolers[0], quick)
+    console.read(watchdog, 5.0)
+    time.sleep(0.01)
+    console.read(watchdog, 5.0)
+    assert len(attempts) == 3

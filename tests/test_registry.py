@@ -11,8 +11,8 @@ import yaml
 from pydantic import ValidationError
 from support import REGISTRY, Cli, OneTarget, RunningExporter, Scrape, Session, StartExporter
 
+from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.registry import KeyConfig, check_configs, md5_key
 
 

@@ -14,12 +14,12 @@ import pytest
 import yaml
 from support import BACKEND_START, IDLE, Cli, Session, block_on, forensic_backend, snapshot_of
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.forensics import Backend, LockEntry, assemble
 from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
 from pg_advisory_exporter.poolers import PoolerView
 from pg_advisory_exporter.registry import NO_KEYS
-from pg_advisory_exporter.report import Checked, format_seconds, print_report
+from pg_advisory_exporter.report import Checked, print_report
 
 
 def _held(*keys: AdvisoryKey) -> tuple[LockEntry, ...]:
@@ -73,6 +73,7 @@ def test_waiters_blockers_clients_poolers_levels_and_missing_grant() -> None:
     text = _report(in_tx, hidden, pooled, waiter, privileged=False)
     assert 'GRANT pg_read_all_stats TO "monitor"' in text
     holder = _line(text, 7)
+    assert holder.split()[3:5] == ["idle_in_transaction", "30s"]  # the words of the metrics
     assert "(2001, -5) (+2 more)" in holder
     assert "10.0.0.7:40007" in holder
     assert holder.endswith("session or transaction")  # pg_locks cannot tell inside a transaction
@@ -84,13 +85,6 @@ def test_waiters_blockers_clients_poolers_levels_and_missing_grant() -> None:
     assert waiting.split()[3:10] == ["1m15s", "-1", "-", "share", "5", "-", "10.0.0.7:40008"]
     assert "Contended keys (1)" in text
     assert "5:exclusive" in text
-
-
-def test_format_seconds() -> None:
-    assert format_seconds(None) == "unknown"
-    assert format_seconds(4.25) == "4.2s"
-    assert format_seconds(3725) == "1h2m5s"
-    assert format_seconds(90000) == "1d1h"
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ from support import (
     StartExporter,
 )
 
+from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.config import CollectionSettings
-from pg_advisory_exporter.connection import CannotCollect, open_session
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.connection import connect_to_server, prepare_session
+from pg_advisory_exporter.kept_connection import CannotCollect
 
 
 def test_role_without_pg_read_all_stats(
@@ -175,7 +176,7 @@ def test_hung_server_never_stalls_metrics(
 
 def test_the_session_is_read_only_with_timeouts(monitor_dsn: str) -> None:
     settings = CollectionSettings(statement_timeout="2500ms", lock_timeout="300ms")
-    session = open_session(monitor_dsn, settings)
+    session = prepare_session(connect_to_server(monitor_dsn, settings), settings)
     with session.conn as conn:
         shown = conn.execute(
             "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
@@ -194,7 +195,11 @@ def test_an_older_server_is_refused_with_a_clear_message(
 ) -> None:
     # No PostgreSQL 13 binaries are at hand; pretend this server is too old instead.
     monkeypatch.setattr("pg_advisory_exporter.connection.MIN_SERVER_VERSION", 10**7)
-    with pytest.raises(
-        CannotCollect, match=r"PostgreSQL \d+ is not supported: .* needs PostgreSQL 14"
+    settings = CollectionSettings()
+    with (
+        connect_to_server(monitor_dsn, settings) as conn,
+        pytest.raises(
+            CannotCollect, match=r"PostgreSQL \d+ is not supported: .* needs PostgreSQL 14"
+        ),
     ):
-        open_session(monitor_dsn, CollectionSettings())
+        prepare_session(conn, settings)

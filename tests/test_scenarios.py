@@ -1,4 +1,5 @@
-"""The seed scenarios, held open from real sessions while the real exporter is scraped."""
+"""The demo's advisory lock scenarios, held open from real sessions while the real exporter is
+scraped."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 
 from support import Cli, OneTarget, RunningExporter, Scrape, Session, StartExporter
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from devtools.embedded_postgres import EmbeddedPostgres
 
 
 def _labels(application_name: str, datname: str = "postgres") -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""One definition per setting: flags, variables, file keys, help and the README follow from it."""
+"""One definition per setting: flags, variables, file keys, help and the docs follow from it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
+from pydantic_settings import BaseSettings, CliSettingsSource, CliSubCommand, SettingsError
 
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.config import (
@@ -20,7 +22,7 @@ from pg_advisory_exporter.config import (
     read_flags,
 )
 
-README = Path(__file__).parent.parent / "README.md"
+CONFIGURATION_DOC = Path(__file__).parent.parent / "docs" / "configuration.md"
 DSN = "postgresql://monitor@db.example:5432/postgres"
 # What users' scripts, units and files already use: these must never change.
 PUBLISHED = {
@@ -133,8 +135,8 @@ def test_flag_variable_and_file_key_set_the_same_thing(
     assert by_file != getattr(CollectionSettings(), name)
 
 
-def _readme_table() -> list[list[str]]:
-    section = README.read_text().split("### Flags and environment variables", 1)[1]
+def _flag_table() -> list[list[str]]:
+    section = CONFIGURATION_DOC.read_text().split("## Flags and environment variables", 1)[1]
     rows = re.findall(r"^\|(.*)\|$", section.split("\n\n", 2)[1], flags=re.MULTILINE)
     cells = [[cell.strip() for cell in row.split("|")] for row in rows]
     assert cells[0][:3] == ["flag", "environment variable", "default"]
@@ -145,11 +147,11 @@ def _code(cell: str) -> list[str]:
     return re.findall(r"`([^`]+)`", cell)
 
 
-def test_the_readme_lists_what_the_parser_has(
+def test_the_flag_table_lists_what_the_parser_has(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     parser_flags = set(_help(monkeypatch, capsys)) - {"-h", "--help", "--version"}
-    rows = {_code(row[0])[0]: row for row in _readme_table()}
+    rows = {_code(row[0])[0]: row for row in _flag_table()}
     assert set(rows) == parser_flags
     for setting in SETTINGS:
         row = rows[setting.flag]
@@ -176,7 +178,6 @@ def test_a_targets_own_file_only_settings_load_as_they_validate(tmp_path: Path) 
     collection = (
         load(read_flags({"config_file": str(path)}), read_environment()).targets[0].collection
     )
-    assert collection is not None
     assert [rule.rule().apply("web-x") for rule in collection.application_name_rewrites] == ["web"]
 
 
@@ -184,3 +185,31 @@ def test_the_dsn_help_says_how_to_keep_the_password_out_of_ps() -> None:
     (dsn,) = (setting for setting in SETTINGS if setting.flag == "--dsn")
     for way in ("ps shows", "PGPASSFILE", "the variable", "password_file"):
         assert way in dsn.help
+
+
+def test_flags_follow_the_command_where_the_pydantic_settings_cli_refuses_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Why the flags stay argparse's while pydantic-settings reads the variables.
+
+    `pg-advisory-exporter check --dsn ...` is the published form: the settings' flags come
+    after a command as well as before it. pydantic-settings' CLI source, given the same
+    shape (a --dsn setting and a `check` command), refuses a flag after the command.
+    """
+
+    class Check(BaseModel):
+        format: str = "text"
+
+    class Command(BaseSettings):
+        dsn: str | None = None
+        check: CliSubCommand[Check]
+
+    source: CliSettingsSource[object] = CliSettingsSource(
+        Command, cli_kebab_case=True, cli_exit_on_error=False
+    )
+    source(args=["--dsn", DSN, "check"])  # before the command: taken
+    with pytest.raises(SettingsError, match="unrecognized arguments: --dsn"):
+        source(args=["check", "--dsn", DSN])
+    # Ours reads it there, and names it: a malformed DSN stops before any connection.
+    assert main(["check", "--dsn", "postgresql://u@[::1/db"]) == 2
+    assert "flag --dsn: malformed DSN" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 from support import Connection, Session, wait_until
 
-from pg_advisory_exporter.embedded_postgres import EmbeddedPostgres
+from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.registry import KeyConfig, Registry, md5_key
 from pg_advisory_exporter.snapshot import COLLECT_SQL, ServerSnapshot, collect_sql, read_snapshot
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from support import Cli, RunningExporter, StartExporter, StartService, Tls, basic_auth, wait_until
 
-from pg_advisory_exporter.embedded_postgres import free_port
+from devtools.embedded_postgres import free_port
 from pg_advisory_exporter.web_access import CHALLENGE
 
 PASSWORD = "scrape-Pw-7f3e"

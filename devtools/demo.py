@@ -1,7 +1,11 @@
-"""`pg-advisory-exporter demo`: the seed scenarios played on a throwaway server, exported live."""
+"""`make demo`: the advisory lock scenarios played on a throwaway server, exported live.
+
+Run from the repository's root as `python -m devtools.demo`; `--help` lists its flags.
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import random
 import shlex
@@ -25,24 +29,27 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from pydantic import ValidationError
 
-from . import catalog, logs
-from .config import (
+from pg_advisory_exporter import catalog, logs
+from pg_advisory_exporter.config import (
     CollectionSettings,
     Config,
     LogConfig,
     RewriteRuleConfig,
-    TargetConfig,
+    TargetSettings,
     WebConfig,
 )
-from .daemon import Daemon
-from .embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
-from .registry import KeyConfig
-from .report import format_seconds
+from pg_advisory_exporter.daemon import Daemon
+from pg_advisory_exporter.registry import KeyConfig
+from pg_advisory_exporter.vocabulary import format_age
+
+from .embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, EmbeddedPostgresError
 
 log = logging.getLogger(__name__)
 
+PROG = "python -m devtools.demo"  # `make demo` runs it so, from the repository's root
+LISTEN_ADDRESS = "127.0.0.1:9846"  # the demo's server is throwaway: keep it local
 EXIT_FAILED = 1
-EXIT_USAGE = 2  # as the other commands' configuration errors
+EXIT_USAGE = 2  # as a bad flag, and as the exporter's configuration errors
 BILLING_DB = "billing"
 # A small server, so that the bulk import's 2,000 locks fill a visible share of its lock table.
 SERVER_SETTINGS: dict[str, str | int] = {"max_connections": 40}
@@ -228,7 +235,8 @@ PLAYS = (
 )  # fmt: skip
 
 
-# The key registry, as the README documents it: what each number means to the application.
+# The key registry, as docs/configuration.md documents it: what each number means to the
+# application.
 KEYS = (
     KeyConfig(name="reward_points_cron", text="cron:recalc-reward-points",
               hash="hashtextextended", max_hold=60),
@@ -243,7 +251,7 @@ KEYS = (
 
 def demo_config(web: WebConfig, dsn: str) -> Config:
     collection = CollectionSettings(min_interval=2, application_name_rewrites=(POD_SUFFIX,))
-    target = TargetConfig(name="demo", dsn=dsn, collection=collection, keys=KEYS, catalog=True)
+    target = TargetSettings(name="demo", dsn=dsn, collection=collection, keys=KEYS, catalog=True)
     return Config(web=web, log=LogConfig(), targets=(target,))
 
 
@@ -306,7 +314,7 @@ def _say(text: str) -> None:
 
 
 def _complain(text: str) -> None:
-    print(f"pg-advisory-exporter demo: {text}", file=sys.stderr, flush=True)
+    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
 
 
 def _introduce(daemon: Daemon, report: str) -> None:
@@ -346,14 +354,14 @@ def _longest_idle(samples: Sequence[Sample]) -> str:
     if not idle:
         return "no idle holder"
     top = max(idle, key=lambda s: s.value)
-    state = top.labels["state"].replace("_", " ")
-    return f"longest idle holder: {_who(top)}, {state} for {format_seconds(top.value)}"
+    state = top.labels["state"]
+    return f"longest idle holder: {_who(top)}, {state} for {format_age(top.value)}"
 
 
 def _waiters(samples: Sequence[Sample]) -> str:
     longest = {_who(s): s.value for s in _named(samples, "pg_advisory_wait_max_seconds")}
     waiting = [
-        f"{_who(s)} {s.value:.0f} (longest {format_seconds(longest.get(_who(s)))})"
+        f"{_who(s)} {s.value:.0f} (longest {format_age(longest.get(_who(s)))})"
         for s in _named(samples, "pg_advisory_waiters")
         if s.value > 0
     ]
@@ -373,7 +381,7 @@ def _registered_keys(samples: Sequence[Sample]) -> str:
     held = {s.labels["key"]: s.value for s in _named(samples, "pg_advisory_key_hold_seconds")}
     keys = [
         f"{s.labels['key']} {s.value:.0f}"
-        + (f" for {format_seconds(held[s.labels['key']])}" if s.labels["key"] in held else "")
+        + (f" for {format_age(held[s.labels['key']])}" if s.labels["key"] in held else "")
         for s in _named(samples, "pg_advisory_key_holders")
     ]
     return "key holders: " + (", ".join(keys) or "none")
@@ -440,3 +448,30 @@ def run_demo(pg_version: int, listen_address: str) -> int:
             _complain(str(exc))
             return EXIT_FAILED  # the stack cleans up after the message
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Start a throwaway PostgreSQL, play the advisory lock scenarios on it and "
+        "export them.",
+    )
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        metavar="HOST:PORT",
+        default=LISTEN_ADDRESS,
+        help=f"where the demo's exporter serves (default {LISTEN_ADDRESS})",
+    )
+    parser.add_argument(
+        "--pg-version",
+        type=int,
+        default=DEFAULT_MAJOR,
+        help=f"PostgreSQL major version (default {DEFAULT_MAJOR})",
+    )
+    args = parser.parse_args(argv)
+    return run_demo(args.pg_version, args.listen_address)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

