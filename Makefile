@@ -4,8 +4,15 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
-# The suite runs once per supported major version; the first gets the demo test too.
+# The supported major versions; the first runs the version-independent server tests too.
 PG_VERSIONS ?= 15 14 16 17 18
+# What each run of `make test` selects, by the markers tests/conftest.py sets (it says how a
+# test is classified): the tests without a server, then every server test with the first
+# version, and on the others those whose outcome can depend on the version (not marked
+# `any_version`). tests/test_tiers.py checks that together they run every test.
+WITHOUT_SERVER := not pg
+FIRST_VERSION := pg
+OTHER_VERSIONS := pg and not any_version
 
 .PHONY: demo test lint typecheck unit bench bench-fleet generate image system-packages clean
 
@@ -35,26 +42,42 @@ $(CRD_MODELS): $(INSTALLED)
 demo: $(INSTALLED)
 	$(BIN)/python -m devtools.demo
 
-# The tests that need no PostgreSQL server run once; those marked `pg` (set from the fixtures
-# they use, see tests/conftest.py) once per version, those also marked `once` (the demo's)
-# with the first version only. Every
-# run goes ahead even after a failure; the end lists each run's pytest summary and the totals,
-# and the target fails if any run did.
+# Every run goes ahead even after a failure and lists its ten slowest tests. The versions
+# after the first run side by side, as their tests mostly wait on their servers (two take as
+# long as one here), each with ports of its own (devtools/embedded_postgres.py, free_port),
+# and show their output once all are done. The end lists each run's pytest summary and the
+# totals, and the target fails if any run did.
 test: $(INSTALLED) $(CRD_MODELS) system-packages lint typecheck
 	@logs=$$(mktemp -d); trap 'rm -rf "$$logs"' EXIT; \
 	run() { \
-	  label=$$1; shift; echo "== $$label"; \
-	  { "$$@"; echo $$? >"$$logs/status"; } | tee "$$logs/output"; \
-	  [ "$$(cat "$$logs/status")" = 0 ] || touch "$$logs/failed"; \
-	  tail -n 1 "$$logs/output" \
+	  label=$$1; live=$$2; shift 2; \
+	  { "$$@" --durations=10 2>&1; echo $$? >"$$logs/$$label.status"; } \
+	    | if [ "$$live" = live ]; then tee "$$logs/$$label.out"; else cat >"$$logs/$$label.out"; fi; \
+	}; \
+	summarize() { \
+	  label=$$1; \
+	  [ "$$(cat "$$logs/$$label.status")" = 0 ] || touch "$$logs/failed"; \
+	  tail -n 1 "$$logs/$$label.out" \
 	    | sed -E "s/^=+ //; s/ =+$$//; s/, [0-9]+ deselected//; s/ \([0-9:]+\)$$//; s/^/$$label: /" \
 	    >>"$$logs/summary"; \
 	}; \
-	run "Without a server" $(BIN)/pytest -m 'not pg'; \
-	marks=pg; \
-	for version in $(PG_VERSIONS); do \
-	  run "PostgreSQL $$version" env PG_VERSION=$$version $(BIN)/pytest -m "$$marks"; \
-	  marks="pg and not once"; \
+	set -- $(PG_VERSIONS); first=$$1; shift; \
+	echo "== Without a server"; \
+	run "Without a server" live $(BIN)/pytest -m '$(WITHOUT_SERVER)'; \
+	summarize "Without a server"; \
+	echo "== PostgreSQL $$first"; \
+	run "PostgreSQL $$first" live env PG_VERSION=$$first $(BIN)/pytest -m '$(FIRST_VERSION)'; \
+	summarize "PostgreSQL $$first"; \
+	low=20000; \
+	for version in "$$@"; do \
+	  run "PostgreSQL $$version" later env PG_VERSION=$$version \
+	    PG_ADVISORY_EXPORTER_PORTS=$$low-$$((low + 1999)) $(BIN)/pytest -m '$(OTHER_VERSIONS)' & \
+	  low=$$((low + 2000)); \
+	done; \
+	wait; \
+	for version in "$$@"; do \
+	  echo "== PostgreSQL $$version"; cat "$$logs/PostgreSQL $$version.out"; \
+	  summarize "PostgreSQL $$version"; \
 	done; \
 	echo; cat "$$logs/summary"; \
 	awk '{ for (i = 2; i <= NF; i++) { n = $$(i - 1) + 0; \

@@ -8,6 +8,7 @@ user (or `nobody`) with a data directory that user owns.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pwd
@@ -40,12 +41,36 @@ class EmbeddedPostgresError(RuntimeError):
     """The throwaway server could not be found, initialised or started."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+PORTS_VARIABLE = "PG_ADVISORY_EXPORTER_PORTS"
+_turns = itertools.count(secrets.randbelow(1 << 16))  # where this process starts in the range
+
+
+def free_port(environ: Mapping[str, str] = os.environ) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    The kernel picks it, among its ephemeral ports, unless PG_ADVISORY_EXPORTER_PORTS names
+    a range (`LOW-HIGH`): `make test` gives each of the pytest runs it starts side by side a
+    range of its own, below the ephemeral ports, where no other run and no outgoing
+    connection can take the port between this choice and its use. Within the range, ports
+    are handed out in turn, skipping those in use.
+    """
+    given = environ.get(PORTS_VARIABLE)
+    if not given:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+            return port
+    low, _, high = given.partition("-")
+    first, count = int(low), int(high) - int(low) + 1
+    for _ in range(count):
+        candidate = first + next(_turns) % count
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+        return candidate
+    raise EmbeddedPostgresError(f"no free port in {PORTS_VARIABLE}={given}")
 
 
 CACHE_VARIABLE = "PG_ADVISORY_EXPORTER_CACHE"

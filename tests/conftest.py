@@ -1,5 +1,20 @@
 """Fixtures: a real PostgreSQL started by the suite, real sessions, the real exporter, and
-Debian-packaged Prometheus and Alertmanager; and the tiers each test belongs to."""
+Debian-packaged Prometheus and Alertmanager; and the tiers each test belongs to.
+
+How a test is classified (`tiers` below; `make test` selects by these markers):
+
+- `pg`: it uses a PostgreSQL server, through one of SERVER_FIXTURES (directly or through
+  another fixture) or by carrying the marker itself (a test that starts a server without a
+  fixture). It runs on every supported version: that is the default, so a new test that
+  starts a server is checked against each version without anyone having to think of it.
+- `any_version`, given by hand: its outcome cannot depend on the server's version (the
+  image, the chart's pod, Prometheus and Alertmanager end to end, PgBouncer, the HTTP
+  surface, resilience to outages...). It runs with the first version only. Give it only
+  when the server is incidental to what the test checks; the statement, the capacity
+  formula, key matching, server-side hashing and privileges stay on every version.
+- `integration`: it uses a server or runs another program (PROGRAM_FIXTURES);
+  `unit`: everything else, the `make unit` tier.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +24,7 @@ import socket
 import subprocess
 import threading
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import psycopg
@@ -46,7 +61,7 @@ from devtools.embedded_postgres import (
 __all__ = ["RunningExporter", "Scrape", "SilentServer"]
 
 # Fixtures that start a PostgreSQL server: a test that uses one, directly or through another
-# fixture, depends on the server's version (marker `pg`) and runs once per version.
+# fixture, is marked `pg`.
 SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Fixtures that run another program: the exporter's daemon or command, Prometheus,
 # Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium.
@@ -56,19 +71,25 @@ PROGRAM_FIXTURES = frozenset(
 )  # fmt: skip
 
 
+def tiers(fixtures: Iterable[str], marks: Iterable[str]) -> set[str]:
+    """The markers a test has once classified, from the fixtures it uses and the markers
+    it carries (see the module's docstring)."""
+    found = set(marks)
+    if not SERVER_FIXTURES.isdisjoint(fixtures):
+        found.add("pg")
+    if "pg" in found or not PROGRAM_FIXTURES.isdisjoint(fixtures):
+        found.add("integration")
+    if "integration" not in found:
+        found.add("unit")
+    return found
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`pg` for the tests that need a server, `integration` for those and the tests that run
-    another program, `unit` for the rest; a test may also carry `pg` or `integration` itself
-    when it starts a server without a fixture."""
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & SERVER_FIXTURES:
-            item.add_marker(pytest.mark.pg)
-        if item.get_closest_marker("pg") or fixtures & PROGRAM_FIXTURES:
-            item.add_marker(pytest.mark.integration)
-        if not item.get_closest_marker("integration"):
-            item.add_marker(pytest.mark.unit)
+        carried = {mark.name for mark in item.iter_markers()}
+        for name in sorted(tiers(getattr(item, "fixturenames", ()), carried) - carried):
+            item.add_marker(name)
 
 
 def pytest_report_collectionfinish(items: list[pytest.Item]) -> list[str]:

@@ -19,6 +19,10 @@ from support import Cli, OneTarget, RunningExporter, StartExporter, StartService
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
 
+# Version-independent (tests/conftest.py): Prometheus and Alertmanager end to end; any server gives
+# the lock.
+pytestmark = pytest.mark.any_version
+
 ROOT = Path(__file__).parent.parent
 ARRIVES_WITHIN = 60.0
 
@@ -165,7 +169,6 @@ PAGES_WITHIN = 100.0
 
 
 @pytest.mark.slow
-@pytest.mark.once
 def test_a_session_lock_stranded_in_a_transaction_pool_pages_in_a_minute(
     pgbouncer: PgBouncer,
     start_exporter: StartExporter,

@@ -307,13 +307,41 @@ def validate_crd(document: Document, crd_schemas: dict[str, Any]) -> None:
     )
 
 
-@parametrize_sets
+# Each value set that renders Prometheus Operator objects, with the kinds it renders: every
+# kind, in single- and multi-target forms. The others (defaults, existing-secret, poolers)
+# render none, which test_every_monitoring_object_is_checked_against_its_crd makes sure of.
+CRD_CASES: list[tuple[str, str]] = [
+    ("monitors", "ServiceMonitor"),  # one target, /metrics, the chart's defaults
+    ("monitors", "PodMonitor"),
+    ("monitors", "PrometheusRule"),  # tuned thresholds
+    ("multi-target", "ServiceMonitor"),  # a /probe endpoint per target of the file
+    ("multi-target", "PrometheusRule"),
+    ("config-from-secret", "ServiceMonitor"),  # targets named in the values
+    ("everything", "ServiceMonitor"),  # TLS, basic auth, relabelings, another namespace
+    ("everything", "PodMonitor"),  # multi-target
+    ("everything", "PrometheusRule"),
+]
+
+
+@pytest.mark.parametrize(("name", "kind"), CRD_CASES, ids=[f"{n}-{k}" for n, k in CRD_CASES])
 def test_prometheus_operator_objects_match_their_crds(
-    values: Values, crd_schemas: dict[str, Any]
+    name: str, kind: str, crd_schemas: dict[str, Any]
 ) -> None:
-    for document in render(values):
-        if document["apiVersion"] == MONITORING_API:
-            validate_crd(document, crd_schemas)
+    found = [d for d in render(VALUE_SETS[name]) if d["kind"] == kind]
+    assert found, f"the {name} values render no {kind}"
+    for document in found:
+        assert document["apiVersion"] == MONITORING_API
+        validate_crd(document, crd_schemas)
+
+
+def test_every_monitoring_object_is_checked_against_its_crd() -> None:
+    rendered = {
+        (name, document["kind"])
+        for name, values in VALUE_SETS.items()
+        for document in render(values)
+        if document["apiVersion"] == MONITORING_API
+    }
+    assert rendered == set(CRD_CASES)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,10 @@ from support import Cli, RunningExporter, Session, SilentServer, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
 
+# Version-independent (tests/conftest.py): connecting, deadlines and outages: the client's side of
+# the connection.
+pytestmark = pytest.mark.any_version
+
 
 def _open_fds(exporter: RunningExporter) -> int:
     """The exporter's open descriptors; the socket of a scrape just answered may take a

@@ -111,7 +111,7 @@ def _data_directory(output: str) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.pg  # the demo starts a server of its own
-@pytest.mark.once  # the demo picks its own version
+@pytest.mark.any_version  # the demo picks its own version
 def test_demo_plays_the_scenarios_and_cleans_up_on_ctrl_c() -> None:
     port = free_port()
     process = subprocess.Popen(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -10,10 +12,12 @@ import pytest
 
 from devtools.embedded_postgres import (
     CACHE_VARIABLE,
+    PORTS_VARIABLE,
     WHEEL_VERSIONS,
     EmbeddedPostgresError,
     _wheel_bindir,
     cache_dir,
+    free_port,
 )
 
 NOBODY = 65534
@@ -74,3 +78,30 @@ def test_a_cache_of_another_user_is_refused(
     monkeypatch.setenv(CACHE_VARIABLE, str(cache))
     with pytest.raises(EmbeddedPostgresError, match="not to you"):
         _wheel_bindir(min(WHEEL_VERSIONS))
+
+
+def _three_free_ports() -> int:
+    """The first of three free ports in a row, below the kernel's ephemeral ports: nothing
+    takes one of those unless it asks for it."""
+    for low in range(28000, 32000, 3):
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(low, low + 3):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return low
+    pytest.fail("no three free ports in a row")
+
+
+def test_ports_come_in_turn_from_the_given_range_skipping_those_in_use() -> None:
+    """`make test` runs versions side by side, each with ports of its own."""
+    low = _three_free_ports()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", low + 1))
+        taken.listen()
+        handed_out = [free_port({PORTS_VARIABLE: f"{low}-{low + 2}"}) for _ in range(4)]
+        assert set(handed_out) == {low, low + 2}  # never the one in use
+        assert handed_out[0] != handed_out[1]
+        with pytest.raises(EmbeddedPostgresError, match=PORTS_VARIABLE):
+            free_port({PORTS_VARIABLE: f"{low + 1}-{low + 1}"})

@@ -16,6 +16,10 @@ from support import PG_MAJOR, Config, Scrape, Session, SilentServer, StartExport
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
 
+# Version-independent (tests/conftest.py): scheduling, reloads and deadlines across targets: the
+# exporter's side.
+pytestmark = pytest.mark.any_version
+
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[list[EmbeddedPostgres]]:
@@ -235,10 +239,13 @@ def test_a_fleet_of_ten_thousand_answers_within_the_scrape_timeout(
         fleet_scrape.join()
         assert status == 200
         assert Scrape(body).value("pg_advisory_up", target="healthy") == 1
-        assert probe_seconds < 1.0
         [(elapsed, status, body)] = answers
         assert status == 200
         assert elapsed < timeout
+        # The probe jumps the fleet's queue: it answers in about 0.05 s, and took up to 1.6 s
+        # in full runs of the suite. Queued behind the fleet instead, it took half the fleet's
+        # scrape (4.5 of 8.8 s). So the bound is this run's own scrape, which slows with it.
+        assert probe_seconds < elapsed / 3, f"/probe {probe_seconds:.2f} s, fleet {elapsed:.2f} s"
         scraped = Scrape(body)
         assert len(scraped.find("pg_advisory_up")) == len(targets)
         assert scraped.value("pg_advisory_up", target="hung-0") == 0

@@ -15,6 +15,9 @@ from support import OneTarget, RunningExporter, Scrape, Session, StartExporter, 
 
 from pg_advisory_exporter.http import READ_TIMEOUT
 
+# Version-independent (tests/conftest.py): the HTTP surface.
+pytestmark = pytest.mark.any_version
+
 
 def _raw(url: str, **headers: str) -> tuple[dict[str, str], bytes]:
     request = urllib.request.Request(url, headers=headers)

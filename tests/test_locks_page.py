@@ -151,6 +151,7 @@ def test_query_text_only_when_on_and_cut_on_the_server(
         assert SECRET not in text
 
 
+@pytest.mark.any_version  # the exporter's reuse of a read
 def test_requests_close_together_share_one_read(
     pg: EmbeddedPostgres, start_exporter: StartExporter, monitor_dsn: str, contention: Contention
 ) -> None:
@@ -194,6 +195,7 @@ def test_a_busy_holder_is_capped_and_its_contended_key_still_listed(
     blocked.join(timeout=10)
 
 
+@pytest.mark.any_version  # HTTP answers
 def test_bad_requests_and_unknown_targets(start_exporter: StartExporter, monitor_dsn: str) -> None:
     exporter = start_exporter(config=_config(monitor_dsn))
     assert exporter.get("/locks")[0] == 400
@@ -226,12 +228,14 @@ def test_a_server_that_is_down_answers_503_and_the_exporter_carries_on(
     assert exporter.get("/-/healthy") == (200, "OK\n")
 
 
+@pytest.mark.any_version  # HTTP answers
 def test_head_answers_without_a_body(start_exporter: StartExporter, monitor_dsn: str) -> None:
     exporter = start_exporter(config=_config(monitor_dsn))
     assert exporter.get("/locks?target=main", method="HEAD") == (200, "")
     assert exporter.get("/locks?target=main", method="POST")[0] == 405
 
 
+@pytest.mark.any_version  # HTTP answers
 def test_the_web_configuration_guards_locks(
     start_exporter: StartExporter, monitor_dsn: str, tmp_path: Path
 ) -> None:
@@ -245,6 +249,7 @@ def test_the_web_configuration_guards_locks(
     assert exporter.get("/locks?target=main", basic_auth("admin", password))[0] == 200
 
 
+@pytest.mark.any_version  # the page in a browser
 def test_chromium_renders_the_page(
     start_exporter: StartExporter,
     monitor_dsn: str,

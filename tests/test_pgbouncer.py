@@ -14,6 +14,10 @@ from support import Config, OneTarget, Scrape, StartExporter
 
 from devtools.embedded_postgres import free_port
 
+# Version-independent (tests/conftest.py): PgBouncer's console and pools; the statement is checked
+# on every version elsewhere.
+pytestmark = pytest.mark.any_version
+
 STRANDED = "pg_advisory_pooled_session_locks"
 TRANSACTION = f"{TRANSACTION_POOL}/postgres"  # PgBouncer's pool: database/user (forced)
 

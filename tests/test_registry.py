@@ -203,6 +203,7 @@ def test_singleton_not_held_exports_zero_and_leader_is_no_leak(
     )
 
 
+@pytest.mark.any_version  # `check`'s report of names
 def test_check_report_shows_registry_names(
     tmp_path: Path, monitor_dsn: str, session: Session, cli: Cli
 ) -> None:

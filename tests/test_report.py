@@ -21,6 +21,10 @@ from pg_advisory_exporter.poolers import PoolerView
 from pg_advisory_exporter.registry import NO_KEYS
 from pg_advisory_exporter.report import Checked, print_report
 
+# Version-independent (tests/conftest.py): the `check` command and its layout; the statement it
+# shares with /locks runs on every version in test_locks_page.py.
+pytestmark = pytest.mark.any_version
+
 
 def _held(*keys: AdvisoryKey) -> tuple[LockEntry, ...]:
     return tuple(LockEntry(5, key, "exclusive", granted=True) for key in keys)

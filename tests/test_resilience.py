@@ -61,6 +61,7 @@ def test_privileged_role_is_reported_as_such(exporter: RunningExporter) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.any_version  # an outage, on the client's side
 def test_server_stopped_and_started_again(
     start_exporter: StartExporter,
     one_target: OneTarget,
@@ -99,6 +100,7 @@ def test_server_stopped_and_started_again(
     assert exporter.process.poll() is None
 
 
+@pytest.mark.any_version  # libpq's refusal, redacted
 def test_login_refused_reports_down_and_never_shows_the_password(
     start_exporter: StartExporter,
     one_target: OneTarget,
@@ -117,6 +119,7 @@ def test_login_refused_reports_down_and_never_shows_the_password(
     assert "main" in landing
 
 
+@pytest.mark.any_version  # the exporter reads the file
 def test_password_file(
     start_exporter: StartExporter,
     pg: EmbeddedPostgres,
@@ -152,6 +155,7 @@ def test_locked_catalog_times_out_instead_of_stalling(
     assert exporter.scrape().value("pg_advisory_up", target="main") == 1
 
 
+@pytest.mark.any_version  # the exporter's deadlines
 def test_hung_server_never_stalls_metrics(
     start_exporter: StartExporter,
     monitor_dsn: str,
@@ -190,6 +194,7 @@ def test_the_session_is_read_only_with_timeouts(monitor_dsn: str) -> None:
     assert session.role == "monitor"
 
 
+@pytest.mark.any_version  # the version is pretended
 def test_an_older_server_is_refused_with_a_clear_message(
     monitor_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
