@@ -17,9 +17,10 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .metrics import Sample, build_info, families
+from .metrics import Sample, build_info, families, web_config_reload
 from .scheduling import CollectionPool, Priority, Task
 from .target import Collection, Target
+from .web_access import WebAccess
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +136,18 @@ def _outcome(pending: Collection | Future[Collection]) -> Collection | None:
 
 
 class ExporterCollector(Collector):
-    """Every configured target, plus the exporter's build information: /metrics."""
+    """Every configured target, plus the exporter's build information and, with a web
+    configuration, whether its last change took effect: /metrics."""
 
-    def __init__(self, targets: Callable[[], Sequence[Target]], pool: CollectionPool) -> None:
+    def __init__(
+        self,
+        targets: Callable[[], Sequence[Target]],
+        pool: CollectionPool,
+        web: WebAccess | None = None,
+    ) -> None:
         self._targets = targets  # read at each scrape: a reload may change them
         self._pool = pool
+        self._web = web
         self._timer = AnswerTimer()
 
     def describe(self) -> Iterable[Metric]:
@@ -147,6 +155,8 @@ class ExporterCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         samples = [build_info(__version__, platform.python_version())]
+        if self._web is not None:
+            samples.append(web_config_reload(self._web.last_reload_successful))
         return families(samples + target_samples(self._targets(), self._pool, self._timer))
 
 

@@ -35,13 +35,36 @@ class Session:
     version: int
     registry: Registry
     databases: frozenset[str]  # those the registry's per-database catalog keys cover
+    complete: bool  # False: a server-side read of the registry failed (see resolve_registry)
+
+
+class _OddAnswer(Exception):
+    """The server answered a registry read with something other than what was asked for."""
 
 
 def _hash_texts(
     conn: psycopg.Connection[Any], texts: Sequence[str], seeds: Sequence[int]
 ) -> list[int]:
     rows = conn.execute(HASH_TEXTS_SQL, {"texts": list(texts), "seeds": list(seeds)}).fetchall()
-    return [row[0] for row in rows]
+    values = [row[0] for row in rows]
+    if len(values) != len(texts) or not all(type(value) is int for value in values):
+        raise _OddAnswer(f"hashtextextended() gave {values[:3]!r} for {len(texts)} texts")
+    return values
+
+
+def _databases(conn: psycopg.Connection[Any]) -> frozenset[str]:
+    names = [row[0] for row in conn.execute(DATABASES_SQL).fetchall()]
+    if not all(isinstance(name, str) for name in names):
+        raise _OddAnswer(f"pg_database gave database names {names[:3]!r}")
+    return frozenset(names)
+
+
+def _without(what: str, exc: Exception, conn: psycopg.Connection[Any], note: Note) -> None:
+    """A registry read failed: the collection goes on without what it would have named,
+    unless the connection itself is gone (then the collection fails, as it would anyway)."""
+    if isinstance(exc, psycopg.Error) and (conn.closed or conn.broken):
+        raise exc
+    note(f"the server could not give {what} ({str(exc).strip()}): collecting without them")
 
 
 def resolve_registry(
@@ -49,20 +72,33 @@ def resolve_registry(
     keys: Sequence[KeyConfig],
     entries: Sequence[CatalogEntry],
     note: Note,
-) -> tuple[Registry, frozenset[str]]:
+) -> tuple[Registry, frozenset[str], bool]:
     """The registry on this connection's server: the user's keys, then the catalog's entries
-    for every database it has (read from pg_database, never from pg_locks), and the
-    databases that covers. A key clash among the user's keys raises CannotCollect."""
+    for every database it has (read from pg_database, never from pg_locks), the databases
+    that covers, and whether it is complete. A key clash among the user's keys raises
+    CannotCollect. A server-side read that fails or answers oddly leaves its keys out (the
+    catalog's per-database keys, or the hashtextextended keys) and says so through `note`:
+    the registry only names locks, and the collection does not need it to count them."""
+    complete = True
     databases: frozenset[str] = frozenset()
     if catalog.needs_databases(entries):
-        databases = frozenset(row[0] for row in conn.execute(DATABASES_SQL).fetchall())
+        try:
+            databases = _databases(conn)
+        except (psycopg.Error, _OddAnswer) as exc:
+            _without("the database names for the catalog's keys", exc, conn, note)
+            complete = False
+    catalog_keys = catalog.key_configs(entries, databases)
     try:
-        registry = Registry.resolve(
-            keys, partial(_hash_texts, conn), catalog.key_configs(entries, databases), note
-        )
+        try:
+            registry = Registry.resolve(keys, partial(_hash_texts, conn), catalog_keys, note)
+        except (psycopg.Error, _OddAnswer) as exc:
+            _without("the hashtextextended() keys", exc, conn, note)
+            complete = False
+            local = [key for key in keys if key.hash != "hashtextextended"]
+            registry = Registry.resolve(local, partial(_hash_texts, conn), catalog_keys, note)
     except ValueError as exc:
         raise CannotCollect(f"key registry: {exc}") from None
-    return registry, databases
+    return registry, databases, complete
 
 
 def connect_to_server(conninfo: str, settings: CollectionSettings) -> psycopg.Connection[Any]:
@@ -108,8 +144,8 @@ def prepare_session(
             f"PostgreSQL {version // 10000} is not supported: pg-advisory-exporter "
             "needs PostgreSQL 14 or newer (it reads pg_locks.waitstart)"
         )
-    registry, databases = resolve_registry(conn, keys, entries, note)
-    return Session(conn, role, version, registry, databases)
+    registry, databases, complete = resolve_registry(conn, keys, entries, note)
+    return Session(conn, role, version, registry, databases, complete)
 
 
 class ServerConnection(KeptConnection[Session]):
@@ -136,6 +172,9 @@ class ServerConnection(KeptConnection[Session]):
         self._entries = catalog.selected(config.catalog)
         self._databases: frozenset[str] = frozenset()  # the registry's catalog keys cover
         self._new_database = False  # a collection saw one: resolve again before the next
+        # False once a server-side read of the registry failed: tried again at the next
+        # connection, not at every collection (each would put an error in the server's log).
+        self._complete = True
         self._noted: set[str] = set()  # catalog entries left out, each logged once
 
     def connection(self) -> psycopg.Connection[Any]:
@@ -155,7 +194,11 @@ class ServerConnection(KeptConnection[Session]):
         """Called with the databases a collection saw (its snapshot's deadlocks name every
         one but the templates): one the registry's catalog keys do not cover yet is
         resolved before the next collection, on the same connection, from pg_database."""
-        if catalog.needs_databases(self._entries) and not self._databases.issuperset(databases):
+        if (
+            self._complete
+            and catalog.needs_databases(self._entries)
+            and not self._databases.issuperset(databases)
+        ):
             self._new_database = True
 
     def redact(self, message: str) -> str:
@@ -177,11 +220,13 @@ class ServerConnection(KeptConnection[Session]):
         self.role = session.role
         self.registry = session.registry
         self._databases = session.databases
-        self._new_database = False
+        self._new_database, self._complete = False, session.complete
         return session
 
     def _resolve_again(self, conn: psycopg.Connection[Any]) -> None:
-        registry, databases = resolve_registry(conn, self._config.keys, self._entries, self._note)
+        registry, databases, complete = resolve_registry(
+            conn, self._config.keys, self._entries, self._note
+        )
         log.debug(
             "key registry resolved for new databases",
             extra={
@@ -189,7 +234,8 @@ class ServerConnection(KeptConnection[Session]):
                 "databases": ", ".join(sorted(databases - self._databases)),
             },
         )
-        self.registry, self._databases, self._new_database = registry, databases, False
+        self.registry, self._databases = registry, databases
+        self._new_database, self._complete = False, complete
 
     def _note(self, message: str) -> None:
         """Once per target, not at every connection: the same configuration says the same."""

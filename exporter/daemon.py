@@ -42,11 +42,11 @@ class Daemon:
         self._watchdog = Watchdog()  # every collection's deadline
         self._reload_lock = threading.Lock()
         self._targets = {t.name: self._target(t) for t in config.targets}
+        self._access = None if web is None else WebAccess(web)
         self.collectors = CollectorRegistry()  # prometheus_client's, not the key registry
-        self.collectors.register(ExporterCollector(self.targets, self.pool))
+        self.collectors.register(ExporterCollector(self.targets, self.pool, self._access))
         ProcessCollector(registry=self.collectors)
         host, port = split_listen_address(config.web.listen_address)
-        self._access = None if web is None else WebAccess(web)
         self._server = serve(make_app(self), host, port, self._access)
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import html
 import json
 import logging
+import math
 import selectors
 import socket
 import ssl
 import sys
 import threading
 from collections.abc import Iterable, Sequence
-from socketserver import ThreadingMixIn
 from typing import Any, Protocol
 from urllib.parse import parse_qs, quote, urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -31,7 +31,8 @@ from .endpoints import (
     RELOAD_PATH,
 )
 from .forensics import Answer
-from .locks_page import CONTENT_SECURITY_POLICY, error_html, page_html, page_json
+from .http_connections import Connection, Connections
+from .locks_page import CONTENT_SECURITY_POLICY, render
 from .scheduling import CollectionPool
 from .target import Target
 from .web_access import StartResponse, WebAccess, WsgiApp
@@ -133,24 +134,27 @@ def _locks_answer(
     start_response: StartResponse, name: str, reply: tuple[Answer, float], as_json: bool
 ) -> list[bytes]:
     answer, age = reply
-    status = "200 OK" if answer.forensics is not None else "503 Service Unavailable"
+    # Rendered by the first request that gets this answer in this format, for all of them.
+    page = answer.made(("page", as_json), lambda made: render(name, made, as_json))
+    body = page.body(age)
     # Who holds what, from where, maybe with query text: no cache may keep it.
-    headers = [("Cache-Control", "no-store"), ("Content-Security-Policy", CONTENT_SECURITY_POLICY)]
-    if as_json:
-        document: dict[str, Any]
-        if answer.forensics is None:
-            document = {"target": name, "error": answer.error}
-        else:
-            document = page_json(answer.forensics, age)
-        body = json.dumps(document, indent=2).encode()
-        start_response(status, [("Content-Type", "application/json"), *headers])
-        return [body]
-    if answer.forensics is None:
-        page = error_html(name, answer.error or "")
-    else:
-        page = page_html(answer.forensics, age)
-    start_response(status, [("Content-Type", "text/html; charset=utf-8"), *headers])
-    return [page.encode()]
+    start_response(
+        page.status,
+        [
+            ("Content-Type", page.content_type),
+            ("Content-Length", str(sum(map(len, body)))),
+            ("Cache-Control", "no-store"),
+            ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
+        ],
+    )
+    return body
+
+
+# The most /locks requests answered at once, across targets; the others are told at once to
+# come back (429 and Retry-After) rather than wait. Requests for an answer already read take
+# a slot for microseconds; those that wait for a server that hangs take one for up to its
+# deadline, and without a cap would take every thread and connection of the exporter.
+LOCKS_AT_ONCE = 8
 
 
 def make_app(exported: Exported) -> WsgiApp:
@@ -187,6 +191,8 @@ def make_app(exported: Exported) -> WsgiApp:
         registry.register(ProbeCollector(target, exported.pool))
         return exposition(make_wsgi_app(registry), environ, start_response)
 
+    locks_at_once = threading.BoundedSemaphore(LOCKS_AT_ONCE)
+
     def locks(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         # Read on request only, in this request's thread, at most once per reuse_for: the
         # daemon's OnDemand answers the requests that come close together from one read.
@@ -197,10 +203,26 @@ def make_app(exported: Exported) -> WsgiApp:
         as_json = _wants_json(environ, query)
         if as_json is None:
             return _text(start_response, "400 Bad Request", "format is json or html")
-        reply = exported.locks(names[0])
-        if reply is None:
+        target = exported.target(names[0])
+        if target is None:
             return unknown(start_response, LOCKS_PATH, names[0])
-        return _locks_answer(start_response, names[0], reply, as_json)
+        if not locks_at_once.acquire(blocking=False):
+            # By then the answer being read is there to reuse, or the next read is due.
+            retry = max(1, math.ceil(target.config.locks_page.reuse_for))
+            start_response(
+                "429 Too Many Requests",
+                [("Retry-After", str(retry)), ("Content-Type", "text/plain; charset=utf-8")],
+            )
+            return [
+                f"{LOCKS_AT_ONCE} /locks requests are being answered; retry in {retry}s\n".encode()
+            ]
+        try:
+            reply = exported.locks(names[0])
+            if reply is None:  # removed by a reload meanwhile
+                return unknown(start_response, LOCKS_PATH, names[0])
+            return _locks_answer(start_response, names[0], reply, as_json)
+        finally:
+            locks_at_once.release()  # the answer is sent after: its bytes are shared
 
     def reload(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         if not exported.lifecycle_enabled:
@@ -278,21 +300,25 @@ def make_app(exported: Exported) -> WsgiApp:
 _READ = ("GET", "HEAD")
 
 
-# Bounds on what one client can hold: a request must arrive (and an answer be taken) within
-# READ_TIMEOUT seconds, at most MAX_CONNECTIONS are served at once (more wait in the listen
-# queue), and http.server refuses a request line or header over 64 KiB or over 100 headers.
-READ_TIMEOUT = 5.0
+# Bounds on what clients can hold (http_connections.py): the TLS handshake, request line and
+# headers must arrive within REQUEST_DEADLINE seconds of the accept, however slowly they drip;
+# each write of the answer must be taken within SEND_TIMEOUT; at most MAX_CONNECTIONS are
+# served at once and MAX_PER_ADDRESS for one client address, and at either cap the oldest
+# client still sending its request is cut to make room. http.server refuses a request line
+# or header over 64 KiB or over 100 headers.
+REQUEST_DEADLINE = 5.0
+SEND_TIMEOUT = 5.0
 MAX_CONNECTIONS = 256
+MAX_PER_ADDRESS = 128  # one address never takes more than half; a proxy still gets a burst
 LISTEN_BACKLOG = 128  # a burst of scrapes queues instead of waiting for a TCP retry
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a scrape left hanging by its client never blocks shutdown
+class _ThreadingServer(WSGIServer):
     request_queue_size = LISTEN_BACKLOG
     access: WebAccess | None = None  # set by serve() when there is a web configuration
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.connections = Connections(MAX_CONNECTIONS, MAX_PER_ADDRESS, REQUEST_DEADLINE)
         # shutdown() writes to one end to wake serve_forever() at once: the standard loop
         # looks for a shutdown only every poll interval (0.5 s), which every SIGTERM waited.
         self._wake, self._waker = socket.socketpair()
@@ -301,6 +327,8 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         """Serve until shutdown(); nothing polls, so `poll_interval` is unused."""
+        watchdog = threading.Thread(target=self.connections.watch, name="http-deadlines")
+        watchdog.start()
         try:
             with selectors.DefaultSelector() as selector:
                 selector.register(self, selectors.EVENT_READ)
@@ -308,6 +336,8 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
                 while not any(key.fileobj is self._wake for key, _ in selector.select()):
                     self.handle_request()  # the listening socket is ready: accepts at once
         finally:
+            self.connections.stop()
+            watchdog.join()
             self._stopped.set()
 
     def shutdown(self) -> None:
@@ -328,18 +358,32 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
             log.error("error serving a request", exc_info=error)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()  # at the cap, the next connection waits its turn
+        """Serve it in a thread of its own; the accepting thread never waits for room."""
+        connection = self.connections.admit(request, client_address[0])
+        if connection is None:
+            log.debug(
+                "connection refused: every slot is answering", extra={"client": client_address[0]}
+            )
+            self.shutdown_request(request)
+            return
+        # A daemon thread: a scrape left hanging by its client never blocks shutdown.
+        thread = threading.Thread(
+            target=self._serve, args=(request, client_address, connection), daemon=True
+        )
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self._slots.release()
+            self.connections.release(connection)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _serve(self, request: Any, client_address: Any, connection: Connection) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            _QuietHandler(request, client_address, self, connection)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
-            self._slots.release()
+            self.connections.release(connection)
+            self.shutdown_request(request)
 
 
 class _IPv6Server(_ThreadingServer):
@@ -355,17 +399,28 @@ class _DualStackServer(_IPv6Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    timeout = READ_TIMEOUT
+    timeout = SEND_TIMEOUT
     server: _ThreadingServer
 
+    def __init__(
+        self, request: Any, client_address: Any, server: _ThreadingServer, connection: Connection
+    ) -> None:
+        self.connection_served = connection
+        super().__init__(request, client_address, server)
+
     def setup(self) -> None:
-        # The handshake runs here, in the connection's own thread and under its read
-        # timeout: a client that never sends a ClientHello holds up no one else.
+        # The handshake runs here, in the connection's own thread and within the request's
+        # deadline: a client that drips its ClientHello holds up no one else.
         access = self.server.access
         if access is not None and access.tls:
             self.request.settimeout(self.timeout)
             self.request = access.wrap(self.request)
         super().setup()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # reads the headers
+        self.server.connections.answering(self.connection_served)
+        return parsed
 
     def get_environ(self) -> dict[str, Any]:
         environ = super().get_environ()

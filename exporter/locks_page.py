@@ -1,13 +1,16 @@
-"""The /locks page of one target: its forensics as JSON, or as a self-contained HTML page."""
+"""The /locks page of one target: its forensics as JSON, or as a self-contained HTML page,
+rendered once per answer and format for every request that gets the answer."""
 
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .forensics import Backend, ContendedKey, Forensics, LockEntry, Waiter
+from .forensics import Answer, Backend, ContendedKey, Forensics, LockEntry, Waiter
 from .keys import BIGINT_KEY
 from .vocabulary import format_age
 
@@ -112,8 +115,25 @@ def forensics_json(forensics: Forensics) -> dict[str, Any]:
     }
 
 
-def page_json(forensics: Forensics, age: float) -> dict[str, Any]:
-    return {"target": forensics.target, "age_seconds": round(age, 3), **forensics_json(forensics)}
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _json_value(value: Any) -> str:
+    # A list's items one call each: the C encoder holds the GIL for all of one call, and a
+    # list of 500 backends would hold up /metrics and liveness meanwhile.
+    if isinstance(value, list):
+        return "[" + ",".join(_compact(item) for item in value) + "]"
+    return _compact(value)
+
+
+def _json_parts(forensics: Forensics) -> tuple[str, str]:
+    """The JSON document of /locks, compact, before and after its age_seconds."""
+    fields = "".join(
+        f",{_compact(name)}:{_json_value(value)}"
+        for name, value in forensics_json(forensics).items()
+    )
+    return '{"target":' + _compact(forensics.target) + ',"age_seconds":', fields + "}"
 
 
 # -- HTML ----------------------------------------------------------------------------------
@@ -255,10 +275,16 @@ def _document(title: str, body: str) -> str:
 """
 
 
-def page_html(forensics: Forensics, age: float) -> str:
+# Where the page's age goes, until the page is cut there: only the target's name comes before
+# it, and a name cannot hold a NUL.
+_AGE = "\0"
+
+
+def _html_parts(forensics: Forensics) -> tuple[str, str]:
+    """The HTML page, before and after its age."""
     target = html.escape(forensics.target)
     notes = [
-        f"Read at {_e(_unix(forensics.read_at))} ({_e(format_age(age))} ago); "
+        f"Read at {_e(_unix(forensics.read_at))} ({_AGE} ago); "
         f"{forensics.backends_total:,} backends hold or await advisory locks."
     ]
     if forensics.backends_left_out:
@@ -281,12 +307,52 @@ def page_html(forensics: Forensics, age: float) -> str:
         "session-level locks; inside one, pg_locks cannot tell session from transaction "
         'level. "To end it" is shown, never run.</p>\n'
     )
-    return _document(f"Advisory locks of {forensics.target}", body)
+    before, _, after = _document(f"Advisory locks of {forensics.target}", body).partition(_AGE)
+    return before, after
 
 
-def error_html(target: str, error: str) -> str:
+def _error_html(target: str, error: str) -> str:
     body = (
         f"<h1>Advisory locks of <code>{html.escape(target)}</code></h1>\n"
         f'<p class="warn">Cannot read the server: {html.escape(error)}</p>\n'
     )
     return _document(f"Advisory locks of {target}", body)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One answer's page in one format, as bytes. The age of the answer, the one part that
+    changes from one request to the next, goes between `parts` (an error has no age)."""
+
+    status: str
+    content_type: str
+    parts: tuple[bytes, ...]
+    as_json: bool
+
+    def body(self, age: float) -> list[bytes]:
+        """The chunks to send: the parts themselves, never a copy of them per request."""
+        if len(self.parts) == 1:
+            return list(self.parts)
+        before, after = self.parts
+        written = _compact(round(age, 3)) if self.as_json else _e(format_age(age))
+        return [before, written.encode(), after]
+
+
+def render(target: str, answer: Answer, as_json: bool) -> Page:
+    """The page of `answer`; `target` names it where the answer is an error."""
+    forensics = answer.forensics
+    if forensics is None:
+        if as_json:
+            error = _compact({"target": target, "error": answer.error})
+            return Page(_UNAVAILABLE, "application/json", (error.encode(),), as_json)
+        page = _error_html(target, answer.error or "")
+        return Page(_UNAVAILABLE, _HTML, (page.encode(),), as_json)
+    if as_json:
+        parts, content_type = _json_parts(forensics), "application/json"
+    else:
+        parts, content_type = _html_parts(forensics), _HTML
+    return Page("200 OK", content_type, tuple(part.encode() for part in parts), as_json)
+
+
+_UNAVAILABLE = "503 Service Unavailable"
+_HTML = "text/html; charset=utf-8"

@@ -151,6 +151,13 @@ SPECS = {
             "pg_advisory_exporter_build_info", "gauge", ("version", "python_version"), "Always 1."
         ),
         MetricSpec(
+            "pg_advisory_exporter_web_config_last_reload_successful",
+            "gauge",
+            (),
+            "1 if the last change to the web configuration (--web.config.file) took effect, "
+            "0 if it was refused and the previous one stays; absent without the file.",
+        ),
+        MetricSpec(
             "pg_advisory_exporter_collect_duration_seconds",
             "gauge",
             ("target",),
@@ -235,6 +242,10 @@ def locks_page_info(target: str, url: str) -> Sample:
 
 def build_info(version: str, python_version: str) -> Sample:
     return Sample("pg_advisory_exporter_build_info", (version, python_version), 1)
+
+
+def web_config_reload(successful: bool) -> Sample:
+    return Sample("pg_advisory_exporter_web_config_last_reload_successful", (), successful)
 
 
 def target_series(

@@ -122,8 +122,34 @@ def _rows(conn: psycopg.Connection[Any], command: str) -> list[dict[str, Any]]:
         return cur.execute(command).fetchall()
 
 
-def _pool(row: Mapping[str, Any]) -> tuple[str, str]:
-    return str(row.get("database") or ""), str(row.get("user") or "")
+def _odd(command: str, column: str, value: object, expected: str) -> ValueError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return ValueError(f"{command} gave {column} = {shown}, not {expected}")
+
+
+def _text(row: Mapping[str, Any], column: str, command: str) -> str:
+    """A text column; "" where it is NULL or missing."""
+    value = row.get(column)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _odd(command, column, value, "text")
+    return value
+
+
+def _number(row: Mapping[str, Any], column: str, command: str) -> int:
+    """A whole-number column; 0 where it is NULL or missing."""
+    value = row.get(column)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _odd(command, column, value, "a whole number")
+    return value
+
+
+def _pool(row: Mapping[str, Any], command: str) -> tuple[str, str]:
+    return _text(row, "database", command), _text(row, "user", command)
 
 
 Show = Callable[[str], list[dict[str, Any]]]  # runs a SHOW command, returns its rows
@@ -132,34 +158,47 @@ Show = Callable[[str], list[dict[str, Any]]]  # runs a SHOW command, returns its
 def console_view(name: str, show: Show) -> PoolerView:
     """Read the admin console once. A column a version lacks is done without: the mode
     falls back from SHOW POOLS to SHOW DATABASES to the global pool_mode, and a server
-    without remote_pid is matched by the port its connection left from."""
+    without remote_pid is matched by the port its connection left from. A value of the
+    wrong type (remote_pid as text, say) raises ValueError: the pooler's failure, never
+    a guess at which backend is whose."""
     servers = show(SHOW_SERVERS)
-    modes = {_pool(row): row.get("pool_mode") for row in show(SHOW_POOLS)}
-    if any(not modes.get(_pool(row)) for row in servers):
-        databases = {row.get("name"): row.get("pool_mode") for row in show(SHOW_DATABASES)}
+    pools = {_pool(row, SHOW_SERVERS) for row in servers}
+    modes = {
+        _pool(row, SHOW_POOLS): _text(row, "pool_mode", SHOW_POOLS) for row in show(SHOW_POOLS)
+    }
+    if any(not modes.get(pool) for pool in pools):
+        databases = {
+            _text(row, "name", SHOW_DATABASES): _text(row, "pool_mode", SHOW_DATABASES)
+            for row in show(SHOW_DATABASES)
+        }
         default = next(
-            (row.get("value") for row in show(SHOW_CONFIG) if row.get("key") == "pool_mode"),
+            (
+                _text(row, "value", SHOW_CONFIG)
+                for row in show(SHOW_CONFIG)
+                if _text(row, "key", SHOW_CONFIG) == "pool_mode"
+            ),
             "session",
         )
-        for row in servers:
-            pool = _pool(row)
+        for pool in pools:
             if not modes.get(pool):
                 modes[pool] = databases.get(pool[0]) or default
     by_pid: dict[int, _Server] = {}
     by_socket: dict[tuple[str, int], _Server] = {}
     for row in servers:
-        database, user = _pool(row)
-        local_port = row.get("local_port")
+        database, user = _pool(row, SHOW_SERVERS)
+        local_port = _number(row, "local_port", SHOW_SERVERS)
+        local_addr = _text(row, "local_addr", SHOW_SERVERS)
+        remote_pid = _number(row, "remote_pid", SHOW_SERVERS)
         server = _Server(
-            PooledBackend(name, f"{database}/{user}", str(modes.get((database, user)))),
-            int(local_port) if local_port else None,
+            PooledBackend(name, f"{database}/{user}", modes[database, user]),
+            local_port or None,
         )
         # 0 while the connection logs in; a random number (negative up to 1.20) where the
         # server is another PgBouncer, whose pids could never match anyway.
-        if (row.get("remote_pid") or 0) > 0:
-            by_pid[int(row["remote_pid"])] = server
-        if row.get("local_addr") and local_port:
-            by_socket[str(row["local_addr"]), int(local_port)] = server
+        if remote_pid > 0:
+            by_pid[remote_pid] = server
+        if local_addr and local_port:
+            by_socket[local_addr, local_port] = server
     return PoolerView(name, by_pid=by_pid, by_socket=by_socket)
 
 
@@ -170,7 +209,9 @@ def _resolve(host: str) -> list[str]:
 
 class _Addresses:
     """A pooler's addresses as networks; host names resolved at most once a minute, in a
-    thread of their own so that a slow resolver costs a collection no more than its wait."""
+    thread of their own so that a slow resolver costs a collection no more than its wait,
+    and only the first collection that finds it slow: the next ones do not wait for the
+    same resolution again (a resolver that does not answer holds it for its own timeout)."""
 
     def __init__(self, addresses: Sequence[str]) -> None:
         self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
@@ -183,6 +224,7 @@ class _Addresses:
         self._resolved: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
         self._resolved_at = -math.inf
         self._pending: Future[list[str]] | None = None
+        self._waited_out = False  # somebody stopped waiting for _pending already
 
     def networks(
         self, seconds: float
@@ -191,14 +233,16 @@ class _Addresses:
         error = None
         if self._hosts and time.monotonic() - self._resolved_at > _RESOLVED_FOR:
             if self._pending is None:
-                self._pending = Future()
+                pending = Future[list[str]]()
                 threading.Thread(
-                    target=self._run, args=(self._pending,), name="resolve", daemon=True
+                    target=self._run, args=(pending,), name="resolve", daemon=True
                 ).start()
+                self._pending, self._waited_out = pending, False
             pending = self._pending
             try:
-                found = pending.result(timeout=max(seconds, 0.0))
+                found = pending.result(timeout=0.0 if self._waited_out else max(seconds, 0.0))
             except TimeoutError:
+                self._waited_out = True
                 error = "resolving its host names took too long"
             except OSError as exc:
                 self._pending = None
@@ -217,8 +261,10 @@ class _Addresses:
 
 
 class _Console:
-    """The one connection kept to a pooler's admin console (a KeptConnection), read by the
-    target's collection, one at a time. After a failure the console is not tried again
+    """The one connection kept to a pooler's admin console (a KeptConnection), read in a
+    thread of its own, one read at a time, so that a console that never answers holds no
+    collection worker: the collection waits for the read only as long as it can spare, and
+    the read goes on to its own deadline. After a failure the console is not tried again
     until the backoff has passed, and the failure is the answer meanwhile, as for a server.
     """
 
@@ -233,9 +279,45 @@ class _Console:
             backoff_max=settings.reconnect_backoff_max,
             cancel=False,
         )
+        self._reading: Future[PoolerView] | None = None  # guarded by _start
+        self._start = threading.Lock()
+        # The read a caller stopped waiting for: the next callers do not wait for it again.
+        # Used by the target's collection (or the /locks read) only.
+        self._waited_out: Future[PoolerView] | None = None
         # Used by the reader only.
         self._conninfo = config.admin_dsn or ""
         self._failure: PoolerView | None = None
+
+    def start(self, watchdog: Watchdog) -> Future[PoolerView]:
+        """The read under way, or a new one: it ends within a connect and a statement."""
+        with self._start:
+            if self._reading is None or self._reading.done():
+                reading = Future[PoolerView]()
+                seconds = self._settings.connect_timeout + self._settings.statement_timeout
+                threading.Thread(
+                    target=self._run,
+                    args=(reading, watchdog, seconds),
+                    name=f"pooler-{self.config.name}",
+                    daemon=True,
+                ).start()
+                self._reading = reading  # once it runs: a read that never started is none
+            return self._reading
+
+    def wait(self, reading: Future[PoolerView], seconds: float, late: str) -> PoolerView:
+        """The read's view, or `late` if it has not ended within `seconds`; a read that
+        was waited out once is not waited for again, only looked at."""
+        try:
+            return reading.result(timeout=0.0 if reading is self._waited_out else seconds)
+        except TimeoutError:
+            self._waited_out = reading
+            return PoolerView(self.config.name, error=late)
+
+    def _run(self, reading: Future[PoolerView], watchdog: Watchdog, seconds: float) -> None:
+        try:
+            view = self.read(watchdog, seconds)
+        except Exception as exc:  # never leave the read unfinished: no other would start
+            view = PoolerView(self.config.name, error=_describe(exc, self._conninfo))
+        reading.set_result(view)
 
     def read(self, watchdog: Watchdog, seconds: float) -> PoolerView:
         """The console's view, or why there is none; interrupted after `seconds`."""
@@ -244,9 +326,9 @@ class _Console:
         with self._kept.deadline(watchdog, seconds) as expired, self._kept.use():
             try:
                 view = console_view(self.config.name, partial(_rows, self._kept.get()))
-            except (psycopg.Error, ValueError, CannotCollect) as exc:
+            except Exception as exc:  # any failure or odd answer: this pooler's, not the target's
                 self._kept.failed()
-                view = PoolerView(self.config.name, error=redact(str(exc).strip(), self._conninfo))
+                view = PoolerView(self.config.name, error=_describe(exc, self._conninfo))
             else:
                 self._kept.succeeded()
         if expired.is_set():
@@ -274,13 +356,20 @@ class _Console:
         )
 
 
+def _describe(exc: Exception, conninfo: str) -> str:
+    """Why a console could not be read, without its password."""
+    if isinstance(exc, psycopg.Error | ValueError | CannotCollect):
+        return redact(str(exc).strip(), conninfo)
+    return redact(f"unexpected {type(exc).__name__}: {exc}", conninfo)
+
+
 def _as_is(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     """A console needs nothing done before it is read."""
     return conn
 
 
 class Poolers:
-    """A target's poolers, read within what is left of one collection's time."""
+    """A target's poolers, read within a bounded wait."""
 
     def __init__(self, configs: Sequence[PoolerConfig], settings: CollectionSettings) -> None:
         self._consoles = {c.name: _Console(c, settings) for c in configs if c.admin_dsn}
@@ -291,16 +380,19 @@ class Poolers:
         return bool(self._configs)
 
     def read(self, watchdog: Watchdog, seconds: float) -> tuple[PoolerView, ...]:
-        """Each pooler's view; one not read within `seconds` (in all) is reported down and
-        its connection closed, so that it never holds up the target's series."""
+        """Each pooler's view, all read at once; one that has not answered within `seconds`
+        (in all) is reported down for this read. Its console's read goes on, in its own
+        thread, to its own deadline (a connect and a statement), and the next calls find it
+        rather than open another, without waiting for it again: a console that hangs costs
+        the first call `seconds`, and the calls until its read ends nothing."""
         deadline = time.monotonic() + seconds
+        reading = {name: console.start(watchdog) for name, console in self._consoles.items()}
+        late = f"no answer within {format_duration(seconds)}"
         views = []
         for config in self._configs:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                views.append(PoolerView(config.name, error="no time left in the collection"))
-            elif config.name in self._consoles:
-                views.append(self._consoles[config.name].read(watchdog, left))
+            left = max(deadline - time.monotonic(), 0.0)
+            if config.name in reading:
+                views.append(self._consoles[config.name].wait(reading[config.name], left, late))
             else:
                 networks, error = self._addresses[config.name].networks(left)
                 mode = config.pool_mode or ""

@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 # Seconds of a collection's deadline kept back from its poolers' reads, so that a pooler that
 # does not answer never makes the server's series late.
 _POOLER_MARGIN = 0.5
+# The most a collection waits for its poolers, in all, after the server's read: 0.5s, and at
+# most a quarter of the deadline. A console answers SHOW from memory in milliseconds; one
+# that does not answer would otherwise hold a collection worker, and a fleet behind hung
+# poolers would starve the pool (docs/forensics.md, "Session locks stranded in a pool").
+POOLER_WAIT = 0.5
+_POOLER_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -260,13 +266,18 @@ class Target:
         return self._succeeded(started, snapshot, self._read_poolers(started))
 
     def _read_poolers(self, started: float) -> tuple[PoolerView, ...]:
-        """The poolers, read after the server in what is left of the collection's time (at
-        most a connect and a statement): a pooler never fails the server's series."""
+        """The poolers, read after the server (so that they know its backends) for at most
+        POOLER_WAIT of what is left of the collection's time: a pooler never fails the
+        server's series, nor holds its worker for long."""
         if not self._poolers:
             return ()
         left = self.settings.scrape_wait - _POOLER_MARGIN - (time.monotonic() - started)
-        budget = min(left, self.settings.connect_timeout + self.settings.statement_timeout)
-        views = self._poolers.read(self._watchdog, budget)
+        budget = min(left, POOLER_WAIT, self.settings.scrape_wait * _POOLER_SHARE)
+        try:
+            views = self._poolers.read(self._watchdog, budget)
+        except Exception as exc:  # no thread to read them in, say: theirs, not the server's
+            error = f"cannot read: {type(exc).__name__}: {exc}"
+            views = tuple(PoolerView(c.name, error) for c in self.config.poolers)
         for view in views:  # once per distinct error, as for the server
             if view.error != self._pooler_errors.get(view.name):
                 if view.error is None:

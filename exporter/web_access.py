@@ -3,13 +3,15 @@ answer, and the file (with the certificates it names) read again when any of the
 
 As exporter-toolkit does, a rotated certificate or a new user takes effect on the next
 connection or request, without a restart. A change that cannot be loaded (a certificate
-written before its key, a typo) is logged and the last good configuration stays.
+written before its key, a typo), or that would weaken the protection (TLS on or off, every
+user gone, an empty file: what an editor or `cat new > web.yml` leaves mid-write), is logged
+and the last good configuration stays.
 """
 
 from __future__ import annotations
 
 import binascii
-import hashlib
+import hmac
 import logging
 import os
 import socket
@@ -29,12 +31,13 @@ log = logging.getLogger(__name__)
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
-# Checked for a user that does not exist, so that the answer takes as long as for one that
-# does and a client cannot find out names by timing (exporter-toolkit does the same).
-_NO_USER_HASH = b"$2b$10$G8ZNbjlN397rbLLBsXYuguaHCi.nOJZsDrwukcno4yrzcF7GDlPYi"
-# A bcrypt check costs tens of milliseconds of CPU: Prometheus sends the same credentials
-# every scrape, so verdicts are kept (as digests, never the password itself).
-_VERDICTS_KEPT = 1024
+# A bcrypt check costs tens to hundreds of milliseconds of CPU. Prometheus sends the same
+# credentials every scrape, so a password found right is remembered (as a keyed digest, never
+# the password itself) and not checked again while the user's hash stays; wrong ones are not
+# remembered, so no flood of them can push the right one out. Checks of passwords not known
+# to be right run this many at a time, and one over it is refused at once (429) rather than
+# queued: a flood takes at most one core and delays no known-good client.
+_CHECKS_AT_ONCE = 1
 CHALLENGE = 'Basic realm="pg-advisory-exporter", charset="UTF-8"'
 
 Stamp = tuple[tuple[int, int, int] | None, ...]
@@ -51,6 +54,11 @@ def _stamp(files: Iterable[Path]) -> Stamp:
         else:
             stamps.append((status.st_ino, status.st_mtime_ns, status.st_size))
     return tuple(stamps)
+
+
+def _cost(hashed: bytes) -> int:
+    """A bcrypt hash's cost, the `12` of `$2b$12$...` (web_config checked the form)."""
+    return int(hashed[4:6])
 
 
 def _credentials(header: str | None) -> tuple[str, bytes] | None:
@@ -80,8 +88,14 @@ class WebAccess:
         self._settings = settings
         self._stamp = _stamp(settings.files)
         self._reload_lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()  # one check at a time: a flood costs one core
-        self._verdicts: dict[bytes, bool] = {}
+        self.last_reload_successful = True  # for pg_advisory_exporter_web_config_last_reload_*
+        self._checks = threading.BoundedSemaphore(_CHECKS_AT_ONCE)
+        self._digest_key = os.urandom(32)  # a digest kept in memory is no password hash to crack
+        self._verified: dict[str, tuple[bytes, bytes]] = {}  # user: (hash, password's digest)
+        # Per cost, the hash a name that is not a user is checked against, of the highest cost
+        # among the users' hashes, so that an unknown name takes as long as a known one (a
+        # fixed hash of cost 10 answered 160 ms sooner than users of cost 12).
+        self._decoys: dict[int, bytes] = {}
 
     @property
     def tls(self) -> bool:
@@ -103,21 +117,26 @@ class WebAccess:
         path = self._settings.path
         self._stamp = stamp  # a change that fails is logged once, and retried when it changes
         try:
-            settings = read_web_config(path)
+            settings = read_web_config(path, allow_empty=False)
         except ConfigError as exc:
-            log.error(
-                "web configuration not reloaded; the last one stays", extra={"error": str(exc)}
-            )
+            self._refuse(str(exc))
             return
         if (settings.tls is not None) != self.tls:
-            log.error(
-                "web configuration not reloaded; the last one stays",
-                extra={"error": f"{path}: turning TLS on or off takes a restart"},
-            )
+            self._refuse(f"{path}: turning TLS on or off takes a restart")
+            return
+        if self._settings.users and not settings.users:
+            self._refuse(f"{path}: removing every basic auth user takes a restart")
             return
         self._settings = settings
         self._stamp = _stamp(settings.files)
+        self.last_reload_successful = True
+        verified = self._verified.items()  # a password changed or a user gone is forgotten
+        self._verified = {u: kept for u, kept in verified if settings.users.get(u) == kept[0]}
         log.info("web configuration reloaded", extra={"file": str(path)})
+
+    def _refuse(self, error: str) -> None:
+        self.last_reload_successful = False
+        log.error("web configuration not reloaded; the last one stays", extra={"error": error})
 
     def wrap(self, connection: socket.socket) -> ssl.SSLSocket:
         """TLS on an accepted connection, with the certificate in force now."""
@@ -125,25 +144,38 @@ class WebAccess:
         assert context is not None, "wrap() is only called when TLS is on"
         return context.wrap_socket(connection, server_side=True)
 
-    def _authorized(self, settings: WebSettings, header: str | None) -> bool:
+    def _authorized(self, settings: WebSettings, header: str | None) -> bool | None:
+        """Whether the header names a user and its password; None when too many checks run."""
         credentials = _credentials(header)
         if credentials is None:
             return False
         user, password = credentials
         hashed = settings.users.get(user)
-        key = hashlib.sha256(b"\0".join((user.encode(), hashed or b"", password))).digest()
-        verdict = self._verdicts.get(key)
-        if verdict is None:
-            with self._bcrypt_lock:
-                try:
-                    matches = bcrypt.checkpw(password, hashed or _NO_USER_HASH)
-                except ValueError:  # longer than bcrypt's 72 bytes: no hash matches it
-                    matches = False
-                verdict = matches and hashed is not None
-                if len(self._verdicts) >= _VERDICTS_KEPT:
-                    self._verdicts.pop(next(iter(self._verdicts)))
-                self._verdicts[key] = verdict
-        return verdict
+        digest = hmac.digest(self._digest_key, password, "sha256")
+        kept = self._verified.get(user)
+        if kept is not None and kept[0] == hashed and hmac.compare_digest(kept[1], digest):
+            return True
+        if not self._checks.acquire(blocking=False):
+            return None
+        try:
+            cost = max(map(_cost, settings.users.values()))
+            try:
+                matches = bcrypt.checkpw(password, hashed or self._decoy(cost))
+            except ValueError:  # longer than bcrypt's 72 bytes: no hash matches it
+                matches = False
+        finally:
+            self._checks.release()
+        if matches and hashed is not None:
+            self._verified[user] = (hashed, digest)
+            return True
+        return False
+
+    def _decoy(self, cost: int) -> bytes:
+        decoy = self._decoys.get(cost)
+        if decoy is None:
+            # Made on first use, in the time a check of that cost takes: no answer is faster.
+            decoy = self._decoys[cost] = bcrypt.hashpw(os.urandom(16), bcrypt.gensalt(cost))
+        return decoy
 
     def guard(self, app: WsgiApp) -> WsgiApp:
         """Every endpoint behind the file's users, and its headers on every answer."""
@@ -154,15 +186,18 @@ class WebAccess:
             def start(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
                 return start_response(status, [*headers, *settings.headers], *exc_info)
 
-            if settings.users and not self._authorized(settings, environ.get("HTTP_AUTHORIZATION")):
-                start(
-                    "401 Unauthorized",
-                    [
-                        ("WWW-Authenticate", CHALLENGE),
-                        ("Content-Type", "text/plain; charset=utf-8"),
-                    ],
-                )
-                return [] if environ.get("REQUEST_METHOD") == "HEAD" else [b"Unauthorized\n"]
-            return app(environ, start)
+            authorized = not settings.users or self._authorized(
+                settings, environ.get("HTTP_AUTHORIZATION")
+            )
+            if authorized:
+                return app(environ, start)
+            if authorized is None:
+                status, body = "429 Too Many Requests", b"Too many password checks; retry\n"
+                headers = [("Retry-After", "1")]
+            else:
+                status, body = "401 Unauthorized", b"Unauthorized\n"
+                headers = [("WWW-Authenticate", CHALLENGE)]
+            start(status, [*headers, ("Content-Type", "text/plain; charset=utf-8")])
+            return [] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
 
         return guarded

@@ -79,9 +79,9 @@ HEADERS: Mapping[str, tuple[str, ...]] = {
 # checks: $2$ alone is Go's only extra, and no tool has written it for twenty years.
 _BCRYPT = re.compile(r"\$2[abxy]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 _MAKE_A_HASH = (
-    "make one with: htpasswd -nBC 10 '' | tr -d ':\\n', or "
+    "make one with: htpasswd -nBC 12 '' | tr -d ':\\n', or "
     "python3 -c 'import bcrypt, getpass; "
-    "print(bcrypt.hashpw(getpass.getpass().encode(), bcrypt.gensalt()).decode())'"
+    "print(bcrypt.hashpw(getpass.getpass().encode(), bcrypt.gensalt(12)).decode())'"
 )
 
 
@@ -270,10 +270,19 @@ def _error(path: Path, error: Mapping[str, Any]) -> str:
     return f"{path}: {location(error['loc'])}: {describe_error(error)}"
 
 
-def read_web_config(path: Path) -> WebSettings:
-    """Read and check the file and every file it names; ConfigError says where and why."""
+def read_web_config(path: Path, *, allow_empty: bool = True) -> WebSettings:
+    """Read and check the file and every file it names; ConfigError says where and why.
+
+    An empty file is a configuration without TLS, users or headers, as for promtool; a
+    reload refuses it (`allow_empty=False`): it is what a file being rewritten in place
+    looks like until the writer is done.
+    """
     data = read_yaml(path)
     if data is None:
+        if not allow_empty:
+            raise ConfigError(
+                f"{path}: the file is empty; write the new one beside it and rename it over it"
+            )
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: (top level): expected a mapping")

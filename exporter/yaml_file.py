@@ -17,11 +17,14 @@ MAX_FILE_BYTES = 8 * 1024 * 1024
 # The schema nests six levels deep. The pure-Python parser recurses per level, so without a
 # bound a deeply nested file would end in a RecursionError instead of a message.
 MAX_NESTING = 64
-# An alias repeats the node it names. The loader shares that node, but validation walks it
-# once per alias: nine levels of ten aliases each ("billion laughs") would take a billion
-# steps. Aliases may repeat shared settings across a fleet: twenty times the 50,000 values of
-# a file of 10,000 targets' names and DSNs is far beyond that.
-MAX_EXPANDED_NODES = 1_000_000
+# An alias repeats the node it names. The loader shares that node, but validation builds a
+# value per use: 2,000 uses of a 200-key mapping, an 18 KB file, took 580 MB to refuse. So the
+# document may hold at most EXPANSION_FACTOR times the values written in the file (or
+# EXPANSION_FLOOR, for a small file that shares a block widely): shared settings named by
+# every target of a fleet stay far below, and no file costs more than a few times what the
+# same file without aliases would.
+EXPANSION_FACTOR = 10
+EXPANSION_FLOOR = 20_000
 # libyaml's parser is several times faster on a big fleet; the pure-Python one is the fallback
 # for a PyYAML built without it.
 _LOADER: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
@@ -54,60 +57,57 @@ def _at(mark: _Mark | None) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
 
 
-def _check_nesting(text: str, path: Path) -> None:
-    """Refuse nesting deeper than MAX_NESTING, from the parser's events: they need no recursion."""
-    depth = 0
+def _check_events(text: str, path: Path) -> None:
+    """Refuse nesting deeper than MAX_NESTING, an alias inside the node it names, and aliases
+    that expand the document past its limit, from the parser's events: they need no
+    recursion, and nothing of the document is composed or built yet.
+
+    A value written counts one (a scalar, an alias, a list or a mapping); the document counts
+    each alias as the values of the node it names, sized once when that node ends.
+    """
+    # The open lists and mappings: their values so far, anchor and where they start.
+    opened: list[tuple[list[int], str | None, _Mark | None]] = []
+    sizes: dict[str, int] = {}  # the anchored nodes that have ended
+    written = expanded = 0
+    biggest: tuple[int, _Mark | None] = (0, None)  # the alias repeating the most values
     for event in yaml.parse(text, Loader=_LOADER):
+        size = 1
         if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_NESTING:
+            written += 1
+            if len(opened) == MAX_NESTING:
                 raise ConfigError(
                     f"{path}: {_at(event.start_mark)}: nested more than {MAX_NESTING} levels deep"
                 )
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    if isinstance(node, yaml.MappingNode):
-        return [part for pair in node.value for part in pair]
-    return []
-
-
-def _check_expansion(root: yaml.Node, path: Path) -> None:
-    """Refuse aliases that expand the document past MAX_EXPANDED_NODES, or into itself.
-
-    Each distinct list or mapping is sized once (its size counts its children's as often as
-    they are named), so a bomb is measured in as many steps as it has written nodes. A
-    value (scalar) counts one wherever it is: only the pushes of lists and mappings cost.
-    """
-    size: dict[int, int] = {}
-    walking: set[int] = set()  # the collections whose descendants are being sized
-    aliased = False  # without aliases, MAX_FILE_BYTES bounds the document already
-    # A node, then again with its children once they are sized.
-    pending: list[tuple[yaml.Node, list[yaml.Node] | None]] = [(root, None)]
-    while pending:
-        node, sized = pending.pop()
-        if sized is not None:
-            walking.discard(id(node))
-            size[id(node)] = 1 + sum(size.get(id(child), 1) for child in sized)
+            opened.append(([1], event.anchor, event.start_mark))
             continue
-        if id(node) in size:
-            aliased = True
+        if isinstance(event, yaml.CollectionEndEvent):
+            [size], anchor, _ = opened.pop()
+            if anchor is not None:
+                sizes[anchor] = size
+        elif isinstance(event, yaml.AliasEvent):
+            written += 1
+            for _, anchor, mark in opened:
+                if anchor is not None and anchor == event.anchor:
+                    raise ConfigError(f"{path}: {_at(mark)}: an alias names a node holding it")
+            size = sizes.get(event.anchor or "", 1)  # an unknown one is the composer's error
+            biggest = max(biggest, (size, event.start_mark), key=lambda found: found[0])
+        elif isinstance(event, yaml.ScalarEvent):
+            written += 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        else:  # the stream's and documents' starts and ends
             continue
-        if id(node) in walking:
-            raise ConfigError(f"{path}: {_at(node.start_mark)}: an alias names a node holding it")
-        walking.add(id(node))
-        children = _children(node)
-        pending.append((node, children))
-        pending.extend((c, None) for c in children if isinstance(c, yaml.CollectionNode))
-    expanded = size.get(id(root), 1)
-    if aliased and expanded > MAX_EXPANDED_NODES:
+        if opened:
+            opened[-1][0][0] += size
+        else:
+            expanded += size
+    limit = max(EXPANSION_FACTOR * written, EXPANSION_FLOOR)
+    if expanded > limit:
+        size, mark = biggest
         raise ConfigError(
-            f"{path}: aliases expand the document to {expanded:,} values, "
-            f"more than {MAX_EXPANDED_NODES:,}"
+            f"{path}: {_at(mark)}: aliases expand the {written:,} values written to "
+            f"{expanded:,}, more than {limit:,} (the larger of {EXPANSION_FACTOR} times those "
+            f"written and {EXPANSION_FLOOR:,}); the alias here repeats {size:,}"
         )
 
 
@@ -140,13 +140,12 @@ def _check_unique_keys(root: yaml.Node, path: Path) -> None:
 
 def _parse(text: str, path: Path) -> object:
     try:
-        _check_nesting(text, path)
+        _check_events(text, path)
         loader = _LOADER(text)
         try:
             root = loader.get_single_node()
             if root is None:  # an empty file
                 return None
-            _check_expansion(root, path)
             _check_unique_keys(root, path)
             return loader.construct_document(root)
         finally:

@@ -15,8 +15,11 @@ README = Path(__file__).parent.parent / "README.md"
 
 def _readme_metric_table() -> dict[str, tuple[str, ...]]:
     section = README.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+)` \| ([a-z_, ]+) \|", section, re.MULTILINE)
-    return {name: tuple(label.strip() for label in labels.split(",")) for name, labels in rows}
+    # A series without labels has an empty labels cell.
+    rows = re.findall(r"^\| `([a-z_]+)` \| ([a-z_, ]*?) *\|", section, re.MULTILINE)
+    return {
+        name: tuple(label.strip() for label in labels.split(",") if label) for name, labels in rows
+    }
 
 
 def test_the_readme_lists_every_series_with_its_labels() -> None:

@@ -17,6 +17,7 @@ import pytest
 from support import BACKEND_START, forensic_backend
 
 from pg_advisory_exporter.forensics import (
+    Answer,
     Backend,
     Forensics,
     LockEntry,
@@ -27,7 +28,7 @@ from pg_advisory_exporter.forensics import (
     conflicts,
 )
 from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
-from pg_advisory_exporter.locks_page import page_html, page_json
+from pg_advisory_exporter.locks_page import Page, forensics_json, render
 from pg_advisory_exporter.poolers import PooledBackend, PoolerView
 from pg_advisory_exporter.registry import KeyConfig, Registry
 
@@ -53,6 +54,19 @@ def _lock(key: int, mode: str = "exclusive", *, waiting_since: float | None = No
 
 def _read(*backends: Backend, **fields: Any) -> Forensics:
     return assemble("main", backends, **fields)
+
+
+def _page(found: Forensics, age: float, as_json: bool) -> str:
+    return b"".join(render("main", Answer(found, None, 0.0), as_json).body(age)).decode()
+
+
+def page_html(found: Forensics, age: float) -> str:
+    return _page(found, age, as_json=False)
+
+
+def page_json(found: Forensics, age: float) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(_page(found, age, as_json=True))
+    return document
 
 
 def test_modes_conflict_as_the_lock_manager_says() -> None:
@@ -301,3 +315,48 @@ def test_a_failed_read_is_an_answer_and_a_bug_does_not_escape() -> None:
 
     answer, _ = OnDemand(bug, reuse_for=1, wait_at_most=1).get()
     assert answer.error == "internal error, see the exporter's log"
+
+
+def test_an_answer_is_rendered_once_per_format_for_every_request() -> None:
+    found = _read(forensic_backend(1, _lock(1)), forensic_backend(2, _lock(1, waiting_since=1)))
+    answer = Answer(found, None, 0.0)
+    renders: list[bool] = []
+
+    def page(as_json: bool) -> Page:
+        def make(made: Answer) -> Page:
+            renders.append(as_json)
+            time.sleep(0.05)  # the others ask meanwhile
+            return render("main", made, as_json)
+
+        return answer.made(("page", as_json), make)
+
+    threads = [threading.Thread(target=page, args=(n % 2 == 0,)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(renders) == [False, True]
+    # Each request's body is the shared bytes around its own age: nothing copied per request.
+    first, second = page(True).body(1.25), page(True).body(3.5)
+    assert (first[0] is second[0], first[-1] is second[-1]) == (True, True)
+    assert json.loads(b"".join(second))["age_seconds"] == 3.5
+    text = b"".join(page(False).body(3.5)).decode()
+    assert "(3s500ms ago)" in text
+    assert "\0" not in text
+
+
+def test_json_is_compact() -> None:
+    found = _read(forensic_backend(1, _lock(1)), forensic_backend(2, _lock(1, waiting_since=1)))
+    text = b"".join(render("main", Answer(found, None, 0.0), as_json=True).body(0.5)).decode()
+    document = json.loads(text)
+    assert document == {"target": "main", "age_seconds": 0.5, **forensics_json(found)}
+    assert text == json.dumps(document, separators=(",", ":"))  # no indent, no spaces
+
+
+def test_an_error_is_rendered_without_an_age() -> None:
+    answer = Answer(None, "connection refused", 0.0)
+    page = render("main", answer, as_json=True)
+    assert page.status.startswith("503")
+    assert json.loads(b"".join(page.body(2.0))) == {"target": "main", "error": "connection refused"}
+    text = b"".join(render("main", answer, as_json=False).body(2.0)).decode()
+    assert "Cannot read the server: connection refused" in text

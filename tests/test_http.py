@@ -11,9 +11,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import OneTarget, RunningExporter, Scrape, Session, StartExporter, wait_until
-
-from pg_advisory_exporter.http import READ_TIMEOUT
+from support import OneTarget, RunningExporter, Scrape, Session, StartExporter
 
 # Version-independent (tests/conftest.py): the HTTP surface.
 pytestmark = pytest.mark.any_version
@@ -170,35 +168,6 @@ def test_the_default_address_serves_ipv4_and_ipv6(start_exporter: StartExporter)
     for host in ("127.0.0.1", "[::1]"):
         with urllib.request.urlopen(f"http://{host}:{exporter.port}/-/healthy", timeout=10) as r:
             assert r.status == 200
-
-
-def test_stalled_clients_neither_delay_a_scrape_nor_stay_forever(
-    start_exporter: StartExporter,
-) -> None:
-    exporter = start_exporter("--dsn", REFUSED)
-    stalled = [socket.create_connection(("127.0.0.1", exporter.port)) for _ in range(200)]
-    try:
-        stalled[0].sendall(b"GET /metrics HTTP/1.0\r\nX-Half: ")  # and never the rest
-        elapsed, scrape = exporter.timed_scrape()
-        assert elapsed < 2.0
-        assert scrape.value("pg_advisory_up", target="default") == 0
-        # A connection that says nothing, or stops halfway, is closed after the read timeout.
-        wait_until(
-            lambda: all(_closed_by_server(sock) for sock in (stalled[0], stalled[1], stalled[-1])),
-            READ_TIMEOUT + 5,
-            "the exporter closes stalled connections",
-        )
-    finally:
-        for sock in stalled:
-            sock.close()
-
-
-def _closed_by_server(sock: socket.socket) -> bool:
-    sock.settimeout(0.05)
-    try:
-        return sock.recv(1) == b""
-    except TimeoutError:
-        return False
 
 
 def test_sigterm_ends_the_exporter_without_waiting_for_a_poll(

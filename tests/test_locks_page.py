@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import bcrypt
+import psycopg
 import pytest
 import yaml
 from support import (
@@ -21,6 +25,7 @@ from support import (
     Config,
     RunningExporter,
     Session,
+    SilentServer,
     StartExporter,
     basic_auth,
     block_on,
@@ -34,6 +39,7 @@ from pg_advisory_exporter.forensics import (
     LOCKS_PER_BACKEND,
     MAX_BACKENDS,
 )
+from pg_advisory_exporter.http import LOCKS_AT_ONCE
 
 KEY = 4242
 # The waiter's statement: its text must never reach the page unless query text is on.
@@ -305,3 +311,143 @@ def test_the_statement_reads_pg_locks_once(pg: EmbeddedPostgres, sql: str) -> No
         row = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", parameters).fetchone()
     assert row is not None
     assert _function_scans(row[0][0]["Plan"], "pg_lock_status") == 1
+
+
+def _fetch(url: str) -> tuple[int, str | None, bytes, float]:
+    """Status, Retry-After, body and the seconds the answer took; an error status too."""
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            status, retry, body = response.status, response.headers["Retry-After"], response.read()
+    except urllib.error.HTTPError as error:
+        status, retry, body = error.code, error.headers["Retry-After"], error.read()
+    return status, retry, body, time.monotonic() - started
+
+
+def _timed(url: str, times: int) -> list[float]:
+    """The seconds each of `times` requests in a row took; each must answer 200."""
+    took = []
+    for _ in range(times):
+        status, _, body, seconds = _fetch(url)
+        assert status == 200, body
+        took.append(seconds)
+    return took
+
+
+@pytest.mark.any_version  # HTTP answers
+def test_requests_for_a_hung_server_take_a_few_slots_and_the_rest_are_told_to_retry(
+    start_exporter: StartExporter, monitor_dsn: str, silent_server: SilentServer
+) -> None:
+    hung = f"host=127.0.0.1 port={silent_server.port} user=monitor dbname=postgres"
+    config = _config(monitor_dsn)
+    config["targets"].append({"name": "hung", "dsn": hung})
+    config["collection"] |= {"connect_timeout": "4s", "statement_timeout": "1s"}
+    exporter = start_exporter(config=config)
+    healthy, probe = f"{exporter.base}/-/healthy", f"{exporter.base}/probe?target=main"
+    before = sorted(_timed(healthy, 5) + _timed(probe, 5))
+    viewers = 100
+    with ThreadPoolExecutor(max_workers=viewers) as pool:
+        url = f"{exporter.base}/locks?target=hung"
+        answers = [pool.submit(_fetch, url) for _ in range(viewers)]
+        # The first ones wait for the server, which answers nothing for connect_timeout: the
+        # others are answered meanwhile.
+        answered, waiting = wait(answers, timeout=1.5)
+        meanwhile = sorted(_timed(healthy, 5) + _timed(probe, 5))
+    told = [a.result() for a in answered]
+    assert len(waiting) <= LOCKS_AT_ONCE
+    assert {(status, retry) for status, retry, _, _ in told} == {(429, "5")}  # reuse_for: 5s
+    assert all(a.result()[0] == 503 for a in waiting)  # after the server's deadline
+    # Liveness and a healthy target's scrape, the 8th of 10 (the loaded machine has noise).
+    assert meanwhile[7] < before[7] + 0.1, (before, meanwhile)
+
+
+HOLDERS, WAITERS, HELD_EACH = 150, 200, LOCKS_PER_BACKEND + 10
+
+
+def _peak_rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    [line] = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.any_version  # the exporter's reuse of a read and its rendering
+def test_a_hundred_viewers_of_a_large_answer_leave_metrics_and_memory_alone(
+    own_server: EmbeddedPostgres, start_exporter: StartExporter
+) -> None:
+    # 150 holders of 60 keys each (50 listed) and 200 waiters: about 1.2 MB of JSON.
+    own_server.stop()
+    own_server.start(max_connections=HOLDERS + WAITERS + 20)
+    sessions = [psycopg.connect(own_server.dsn(), autocommit=True) for _ in range(HOLDERS)]
+    try:
+        for i, holder in enumerate(sessions):
+            first = i * 1000
+            holder.execute(
+                "SELECT pg_advisory_lock(k) FROM generate_series(%s::bigint, %s) AS k",
+                (first, first + HELD_EACH - 1),
+            )
+        for i in range(WAITERS):
+            waiter = psycopg.connect(own_server.dsn(), autocommit=True)
+            sessions.append(waiter)
+            # Sent, not awaited: the backend waits for the key while this test goes on.
+            waiter.pgconn.send_query(f"SELECT pg_advisory_lock({i % HOLDERS * 1000})".encode())
+        with own_server.connect() as admin:
+            waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            wait_until(lambda: admin.execute(waiting).fetchone() == (WAITERS,), 20, "the waiters")
+        _viewed_by_a_hundred(start_exporter(config=_config(own_server.dsn(), reuse_for="1s")))
+    finally:
+        for conn in sessions:
+            conn.close()
+
+
+# A hundred viewers, each asking for three pages (JSON or HTML) and asking again a quarter of
+# Retry-After later when told to; in a process of their own at the lowest priority, as if on
+# other machines: on the test's two cores, their own work would otherwise delay /metrics.
+_VIEWERS = """
+import json, os, sys, threading, time, urllib.error, urllib.request
+os.nice(19)
+base, sizes, told = sys.argv[1], [], []
+def view(number):
+    page = "json" if number % 2 == 0 else "html"
+    seen = 0
+    for _ in range(60):
+        try:
+            with urllib.request.urlopen(f"{base}/locks?target=main&format={page}") as answer:
+                sizes.append(len(answer.read()))
+            seen += 1
+            if seen == 3:
+                return
+        except urllib.error.HTTPError as error:
+            told.append((error.code, error.headers["Retry-After"]))
+            time.sleep(float(error.headers["Retry-After"] or 1) / 4)
+viewers = [threading.Thread(target=view, args=(n,)) for n in range(100)]
+for viewer in viewers:
+    viewer.start()
+for viewer in viewers:
+    viewer.join()
+print(json.dumps({"sizes": sizes, "told": told}))
+"""
+
+
+def _viewed_by_a_hundred(exporter: RunningExporter) -> None:
+    metrics = f"{exporter.base}/metrics"
+    before = sorted(_timed(metrics, 7))
+    # The answer is read again every second meanwhile (reuse_for), and rendered once a read.
+    viewers = subprocess.Popen(
+        [sys.executable, "-c", _VIEWERS, exporter.base], stdout=subprocess.PIPE, text=True
+    )
+    meanwhile: list[float] = []
+    while viewers.poll() is None or len(meanwhile) < 7:
+        meanwhile += _timed(metrics, 1)
+    seen = json.loads(viewers.communicate(timeout=60)[0])
+    meanwhile.sort()
+    rss = _peak_rss_mb(exporter.process.pid)
+    figures = f"/metrics before {before}, meanwhile {meanwhile}; peak RSS {rss:.0f} MB"
+    assert len(seen["sizes"]) == 300
+    assert min(seen["sizes"]) > 300_000, figures  # each got the whole page
+    assert {tuple(told) for told in seen["told"]} <= {(429, "1")}
+    page = _json(exporter)
+    assert (len(page["holders"]), len(page["waiters"])) == (HOLDERS, WAITERS)
+    # The median, and the worst but one, against the same before the viewers came.
+    assert meanwhile[len(meanwhile) // 2] < before[3] + 0.1, figures
+    assert meanwhile[-2] < before[-1] + 0.25, figures
+    assert rss < 128, figures

@@ -4,15 +4,17 @@ locks counted from a snapshot. tests/test_pgbouncer.py does the same with a real
 from __future__ import annotations
 
 import ipaddress
+import threading
 import time
 from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 import yaml
-from support import IDLE, snapshot_of
+from support import IDLE, SilentServer, snapshot_of, wait_until
 
 from pg_advisory_exporter import poolers
 from pg_advisory_exporter.config import ConfigFileSettings, Overrides, load
@@ -315,3 +317,113 @@ def test_a_console_that_failed_answers_with_its_failure_until_the_backoff_passed
     time.sleep(0.01)
     console.read(watchdog, 5.0)
     assert len(attempts) == 3
+
+
+@pytest.mark.parametrize(
+    ("table", "row", "column"),
+    [
+        (SHOW_SERVERS, {**SERVER_1_18, "remote_pid": "4242"}, "remote_pid"),
+        (SHOW_SERVERS, {**SERVER_1_18, "remote_pid": float("nan")}, "remote_pid"),
+        (SHOW_SERVERS, {**SERVER_1_18, "remote_pid": Decimal("NaN")}, "remote_pid"),
+        (SHOW_SERVERS, {**SERVER_1_18, "remote_pid": True}, "remote_pid"),
+        (SHOW_SERVERS, {**SERVER_1_18, "local_port": "41000"}, "local_port"),
+        (SHOW_SERVERS, {**SERVER_1_18, "local_addr": 167772169}, "local_addr"),
+        (SHOW_SERVERS, {**SERVER_1_18, "database": 5}, "database"),
+        (SHOW_POOLS, {"database": "orders", "user": "app", "pool_mode": 1}, "pool_mode"),
+    ],
+    ids=["pid-text", "pid-nan", "pid-decimal-nan", "pid-bool", "port-text", "addr-number",
+         "database-number", "mode-number"],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_is_the_consoles_failure(
+    table: str, row: dict[str, Any], column: str
+) -> None:
+    tables: dict[str, list[dict[str, Any]]] = {
+        SHOW_SERVERS: [SERVER_1_18],
+        SHOW_POOLS: [{"database": "orders", "user": "app", "pool_mode": "transaction"}],
+    }
+    _, show = _console({**tables, table: [row]})
+    with pytest.raises(ValueError, match=f"^{table} gave {column} = .*, not "):
+        console_view("pgb", show)
+
+
+def test_missing_columns_and_nulls_are_done_without() -> None:
+    bare = {"database": None, "user": None, "remote_pid": None, "local_port": None}
+    _, show = _console({SHOW_SERVERS: [bare, {}], SHOW_POOLS: [{}], SHOW_DATABASES: [{}],
+                        SHOW_CONFIG: [{"key": None}]})  # fmt: skip
+    view = console_view("pgb", show)
+    assert (view.by_pid, view.by_socket) == ({}, {})
+
+
+class _Opened:
+    """What connect() returns where the console's answer is replaced: only closed."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_anything_a_console_read_raises_is_that_poolers_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _load(tmp_path, {"name": "pgb", "admin_dsn": CONSOLE}).targets[0]
+    opened = _Opened()
+    monkeypatch.setattr(poolers, "connect", lambda *_, **__: opened)
+
+    def odd(name: str, show: Any) -> PoolerView:
+        raise KeyError("remote_pid")
+
+    monkeypatch.setattr(poolers, "console_view", odd)
+    (view,) = Poolers(config.poolers, config.collection).read(Watchdog(), 5.0)
+    assert view.error == "unexpected KeyError: 'remote_pid'"
+    assert opened.closed  # and backing off, as after any failure
+
+
+def test_a_console_that_never_answers_is_waited_for_once(
+    tmp_path: Path, silent_server: SilentServer
+) -> None:
+    dsn = f"host=127.0.0.1 port={silent_server.port} dbname=pgbouncer user=stats"
+    config = _load(tmp_path, {"name": "hung", "admin_dsn": dsn}).targets[0]
+    read = Poolers(config.poolers, config.collection)  # its own read: 3s connect_timeout
+    watchdog = Watchdog()
+    try:
+        started = time.monotonic()
+        (view,) = read.read(watchdog, 0.3)
+        first = time.monotonic() - started
+        assert view.error == "no answer within 300ms"
+        started = time.monotonic()
+        (view,) = read.read(watchdog, 0.3)  # the same read, still under way
+        again = time.monotonic() - started
+        assert view.error == "no answer within 300ms"
+        assert 0.3 <= first < 1.5  # not libpq's connect timeout (3s)
+        assert again < 0.1
+    finally:
+        read.close()
+
+
+def test_a_resolver_that_never_answers_is_waited_for_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    released = threading.Event()
+
+    def hangs(host: str) -> list[str]:
+        released.wait(10)  # as getaddrinfo waits on a DNS server that never answers
+        return ["10.9.0.1"]
+
+    monkeypatch.setattr(poolers, "_resolve", hangs)
+    addresses = poolers._Addresses(["10.1.0.0/16", "pgbouncer.example"])
+    try:
+        started = time.monotonic()
+        _, error = addresses.networks(0.3)
+        first = time.monotonic() - started
+        assert error == "resolving its host names took too long"
+        started = time.monotonic()
+        _, error = addresses.networks(0.3)
+        again = time.monotonic() - started
+        assert error == "resolving its host names took too long"
+        assert first >= 0.3
+        assert again < 0.1
+    finally:
+        released.set()
+    # The late answer is used once it comes, without waiting for it.
+    wait_until(lambda: addresses.networks(0.0)[1] is None, 5, "the late resolution")
+    networks, _ = addresses.networks(0.0)
+    assert [str(n) for n in networks] == ["10.1.0.0/16", "10.9.0.1/32"]
