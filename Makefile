@@ -44,7 +44,8 @@ demo: $(INSTALLED)
 
 # Every run goes ahead even after a failure and lists its ten slowest tests. The versions
 # after the first run side by side, as their tests mostly wait on their servers (two take as
-# long as one here), each with ports of its own (devtools/embedded_postgres.py, free_port),
+# long as one here), each with ports of its own (devtools/embedded_postgres.py, free_port)
+# and pytest's temporary folders of its own (so that no run cleans up another's),
 # and show their output once all are done. The end lists each run's pytest summary and the
 # totals, and the target fails if any run did.
 test: $(INSTALLED) $(CRD_MODELS) system-packages lint typecheck
@@ -70,8 +71,10 @@ test: $(INSTALLED) $(CRD_MODELS) system-packages lint typecheck
 	summarize "PostgreSQL $$first"; \
 	low=20000; \
 	for version in "$$@"; do \
+	  mkdir "$$logs/tmp-$$version"; \
 	  run "PostgreSQL $$version" later env PG_VERSION=$$version \
-	    PG_ADVISORY_EXPORTER_PORTS=$$low-$$((low + 1999)) $(BIN)/pytest -m '$(OTHER_VERSIONS)' & \
+	    PG_ADVISORY_EXPORTER_PORTS=$$low-$$((low + 1999)) \
+	    PYTEST_DEBUG_TEMPROOT="$$logs/tmp-$$version" $(BIN)/pytest -m '$(OTHER_VERSIONS)' & \
 	  low=$$((low + 2000)); \
 	done; \
 	wait; \

@@ -1,8 +1,8 @@
 """What one exporter can serve: collections per second, and a large fleet against its timeout.
 
 Run as `python -m benchmarks.fleet_scale [--targets 10000] [--healthy 100] [--timeout 10]
-[--scrapes 5] [--pg-version 15]`. It starts one throwaway PostgreSQL and the real exporter
-(a subprocess, scraped over HTTP), twice:
+[--scrapes 5] [--per-target 1000] [--pg-version 15]`. It starts one throwaway PostgreSQL and
+the real exporter (a subprocess, scraped over HTTP), in three parts:
 
 1. Throughput. `--healthy` targets, each with its own connection to that server, as many
    small servers would be; `min_interval` is 1ms, so every scrape collects every target.
@@ -13,6 +13,10 @@ Run as `python -m benchmarks.fleet_scale [--targets 10000] [--healthy 100] [--ti
    and the rest refusing connections (servers that are down). Each /metrics scrape carries
    `X-Prometheus-Scrape-Timeout-Seconds: --timeout`; while it runs, a /probe of one healthy
    target is timed. Start-up time and memory are reported too.
+3. What each healthy target costs: `--per-target` of them (0 skips the part), every one
+   collected at each scrape, against a one-target exporter in the same run: the memory a
+   target adds, and the CPU time of one collection (the process's user and system time over
+   the scrapes, divided by the collections), with what that makes at a 15 s interval.
 
 Progress goes to stderr, results to stdout. A benchmark reports, it does not judge.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import socket
 import statistics
 import subprocess
@@ -165,20 +170,52 @@ def fleet(dsn: str, size: int, healthy: int, timeout: float, scrapes: int) -> No
             print(f"  peak RSS {_proc_status_mb(pid, 'VmHWM'):.0f} MB")  # fmt: skip
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system time of a process so far, from /proc/PID/stat."""
+    # The fields after the command name (which may hold spaces) start at the state, field 3.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def per_target(dsn: str, size: int, scrapes: int) -> None:
+    measured: dict[int, tuple[float, float]] = {}  # targets: (RSS MB, CPU s per collection)
+    for count in (1, size):
+        targets = {f"{HEALTHY_PREFIX}{i}": dsn for i in range(count)}
+        with _exporter(targets, "1ms") as (base, _, pid):
+            _get(base + "/metrics", 120)  # connect them all
+            before = _cpu_seconds(pid)
+            for _ in range(scrapes):
+                if sum(_up(_get(base + "/metrics", 120)[1]).values()) != count:
+                    raise RuntimeError("a healthy target is reported down")
+            cpu = (_cpu_seconds(pid) - before) / (scrapes * count)
+            measured[count] = (_proc_status_mb(pid, "VmRSS"), cpu)
+    (one_rss, _), (rss, cpu) = measured[1], measured[size]
+    print(f"per target: {size} healthy targets, each collected at each of {scrapes} scrapes")
+    print(f"  memory {(rss - one_rss) / (size - 1) * 1024:.0f} KB per target "
+          f"(RSS {one_rss:.0f} MB with one target, {rss:.0f} MB with {size})")  # fmt: skip
+    print(f"  CPU {cpu * 1000:.2f} ms per collection: {size} targets at a 15 s interval "
+          f"take {cpu * size / 15:.3f} of a core")  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet_scale")
     parser.add_argument("--targets", type=int, default=10_000)
     parser.add_argument("--healthy", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=10.0, help="scrape timeout, seconds")
     parser.add_argument("--scrapes", type=int, default=5)
+    parser.add_argument(
+        "--per-target", type=int, default=1000, help="healthy targets whose cost is measured"
+    )
     parser.add_argument("--pg-version", type=int, default=DEFAULT_MAJOR)
     args = parser.parse_args(argv)
     pg = EmbeddedPostgres(major=args.pg_version)
     try:
         progress(f"starting PostgreSQL {args.pg_version}")
-        pg.start(max_connections=2 * args.healthy + 20)
+        pg.start(max_connections=max(2 * args.healthy, args.per_target) + 20)
         throughput(pg.dsn(), args.healthy, args.scrapes)
         fleet(pg.dsn(), args.targets, args.healthy, args.timeout, args.scrapes)
+        if args.per_target > 1:
+            per_target(pg.dsn(), args.per_target, args.scrapes)
     finally:
         pg.cleanup()
     return 0

@@ -17,8 +17,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .metrics import Sample, build_info, families, web_config_reload
+from .metrics import Sample, build_info, families, shard_samples, web_config_reload
 from .scheduling import CollectionPool, Priority, Task
+from .sharding import Shard
 from .target import Collection, Target
 from .web_access import WebAccess
 
@@ -136,17 +137,19 @@ def _outcome(pending: Collection | Future[Collection]) -> Collection | None:
 
 
 class ExporterCollector(Collector):
-    """Every configured target, plus the exporter's build information and, with a web
-    configuration, whether its last change took effect: /metrics."""
+    """Every configured target of the shard, plus the exporter's build information, its
+    shard and, with a web configuration, whether its last change took effect: /metrics."""
 
     def __init__(
         self,
         targets: Callable[[], Sequence[Target]],
         pool: CollectionPool,
+        shard: Callable[[], Shard],
         web: WebAccess | None = None,
     ) -> None:
         self._targets = targets  # read at each scrape: a reload may change them
         self._pool = pool
+        self._shard = shard  # the same
         self._web = web
         self._timer = AnswerTimer()
 
@@ -155,6 +158,7 @@ class ExporterCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         samples = [build_info(__version__, platform.python_version())]
+        samples += shard_samples(self._shard())
         if self._web is not None:
             samples.append(web_config_reload(self._web.last_reload_successful))
         return families(samples + target_samples(self._targets(), self._pool, self._timer))

@@ -7,19 +7,23 @@ path inside it, the variable, or the flag.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
-from collections.abc import Mapping, Sequence
+import socket
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+from psycopg.conninfo import make_conninfo
 from pydantic import (
     AfterValidator,
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     Field,
     ValidationError,
     ValidationInfo,
@@ -32,6 +36,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from .appnames import RewriteRule, compile_pattern, parse_template
 from .catalog import CatalogChoice
+from .discovery import AllowList, IpAddress, TargetAddress, parse_allowed
 from .dsn import Dsn, check_password_source, with_password
 from .endpoints import RESERVED_PATHS
 from .registry import KeyConfig, check_configs
@@ -44,6 +49,7 @@ from .schema import (
     format_duration,
     location,
 )
+from .sharding import Shard, ordinal_of
 from .yaml_file import read_yaml
 
 DEFAULT_LISTEN_ADDRESS = ":9846"
@@ -291,6 +297,125 @@ class TargetSettings(Strict):
         return with_password(self.dsn, self.password_file)
 
 
+def _check_allowed(entry: str) -> str:
+    parse_allowed(entry)
+    return entry
+
+
+AllowedTargetEntry = Annotated[str, AfterValidator(_check_allowed)]
+# The libpq parameters an auth module may set: how to secure and authenticate the
+# connection. Where to connect comes from the probe's checked address, and the session's
+# settings (timeouts, application_name, keepalives) from the exporter, never from here.
+AUTH_MODULE_OPTIONS = frozenset(
+    {
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "sslcrl",
+        "sslcrldir",
+        "sslsni",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "channel_binding",
+        "require_auth",
+        "gssencmode",
+        "krbsrvname",
+    }
+)
+_DBNAME = r"^[A-Za-z0-9_][A-Za-z0-9_$.-]{0,62}$"
+
+
+class AuthModuleConfig(Strict):
+    """Credentials and settings for the servers that probes name
+    (/probe?target=HOST[:PORT][/DBNAME]&auth_module=NAME), as the file gives them."""
+
+    user: str = Field(min_length=1)
+    password_file: Path | None = None
+    dbname: str = Field(default="postgres", pattern=_DBNAME)  # where the target names none
+    options: dict[str, str] = Field(default_factory=dict)  # of AUTH_MODULE_OPTIONS
+    # Only the fields given count, over the file's top-level block and the flags.
+    collection: CollectionSettings | None = None
+    keys: tuple[KeyConfig, ...] = ()  # added to the file's top-level keys
+    catalog: CatalogChoice | None = None  # not set: the file's top-level `catalog`
+    # Without it, a module would be an open proxy with the monitoring role's password.
+    allowed_targets: tuple[AllowedTargetEntry, ...] = Field(default=(), validate_default=True)
+
+    @field_validator("options")
+    @classmethod
+    def _known_options(cls, options: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(options) - AUTH_MODULE_OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)}: an auth module's options are only "
+                f"{', '.join(sorted(AUTH_MODULE_OPTIONS))} (the address comes from the "
+                "probe; user and password_file have fields of their own)"
+            )
+        return options
+
+    @field_validator("allowed_targets")
+    @classmethod
+    def _some_allowed(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        if not entries:
+            raise ValueError(
+                "an auth module needs allowed_targets: the networks (10.0.0.0/8) and host "
+                "names (*.db.internal), with optional ports, that probes may name"
+            )
+        return entries
+
+    @model_validator(mode="after")
+    def _password_file_readable(self) -> AuthModuleConfig:
+        check_password_source("", self.password_file)
+        return self
+
+
+class AuthModuleSettings(Strict):
+    """An auth module as the runtime reads it, every setting resolved (load() makes it)."""
+
+    name: str
+    user: str
+    password_file: Path | None = None
+    dbname: str
+    options: dict[str, str] = Field(default_factory=dict)
+    collection: CollectionSettings
+    keys: tuple[KeyConfig, ...] = ()  # the file's top-level keys, then the module's own
+    catalog: CatalogChoice
+    allowed_targets: tuple[str, ...]
+
+    def allow_list(self) -> AllowList:
+        return AllowList([parse_allowed(entry) for entry in self.allowed_targets])
+
+    def target(self, address: TargetAddress, pinned: IpAddress) -> TargetSettings:
+        """A discovered target's settings: connected to the checked address `pinned` (libpq's
+        hostaddr, so that nothing resolves the name again) while TLS verifies the name."""
+        dsn = make_conninfo(
+            "",
+            host=str(address.host),
+            hostaddr=str(pinned) if isinstance(address.host, str) else None,
+            port=address.port,
+            dbname=address.dbname,
+            user=self.user,
+            **self.options,
+        )
+        return TargetSettings(
+            name=address.name,
+            dsn=dsn,
+            password_file=self.password_file,
+            collection=self.collection,
+            keys=self.keys,
+            catalog=self.catalog,
+        )
+
+
+class DiscoveredTargetsSettings(Strict):
+    """Limits on the targets that probes name through an auth module."""
+
+    # A target not probed for this long is closed and forgotten.
+    idle_after: Annotated[float, PARSE_DURATION, duration_within(0.1, 7 * 86400.0)] = 600.0
+    # The most kept at once; a probe of a new one past it is refused (503).
+    max: int = Field(default=10_000, ge=1)
+
+
 def _check_unique(what: str, names: Sequence[str]) -> None:
     seen: set[str] = set()
     for name in names:
@@ -331,6 +456,33 @@ class LogConfig(Strict):
         return "warn" if value == "warning" else value
 
 
+def _shard_index(value: object) -> object:
+    """A number from 0, or auto; a flag's or a variable's text is read as one."""
+    if value == "auto":
+        return value
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"{value!r} is not a shard index (0, 1, 2 ...) or auto")
+
+
+ShardIndex = Annotated[int | Literal["auto"], BeforeValidator(_shard_index)]
+
+
+class ShardConfig(Strict):
+    """Which part of the configured targets this replica collects (sharding.py)."""
+
+    total: int = Field(
+        default=1, ge=1, description="replicas that split the configured targets between them"
+    )
+    index: ShardIndex = Field(
+        default=0,
+        description="this replica's shard, 0 to total - 1, or auto: the trailing -N of the "
+        "host name (a StatefulSet's pod name)",
+    )
+
+
 class FileConfig(Strict):
     """The YAML file."""
 
@@ -344,7 +496,13 @@ class FileConfig(Strict):
     catalog: CatalogChoice = True
     locks_page: LocksPageSettings = LocksPageSettings()  # of every target; only the file
     max_parallel_collections: int = Field(default=DEFAULT_PARALLEL_COLLECTIONS, ge=1)
-    targets: tuple[TargetConfig, ...] = Field(min_length=1)
+    shard: ShardConfig = ShardConfig()
+    targets: tuple[TargetConfig, ...] = ()
+    # Servers that probes name (/probe?target=HOST&auth_module=NAME), by module name.
+    auth_modules: dict[Annotated[str, Field(pattern=_NAME)], AuthModuleConfig] = Field(
+        default_factory=dict
+    )
+    discovered_targets: DiscoveredTargetsSettings = DiscoveredTargetsSettings()
 
     @field_validator("keys")
     @classmethod
@@ -384,11 +542,18 @@ class Overrides(Strict):
     web: WebConfig = WebConfig()
     log: LogConfig = LogConfig()
     collection: CollectionSettings = CollectionSettings()
+    shard: ShardConfig = ShardConfig()
 
 
 # How a block's variables are named after the prefix. The collection's have no block name
 # in them (PG_ADVISORY_EXPORTER_MIN_INTERVAL), as they were first published.
-_VARIABLE_INFIX = {"config": "config_", "web": "web_", "log": "log_", "collection": ""}
+_VARIABLE_INFIX = {
+    "config": "config_",
+    "web": "web_",
+    "log": "log_",
+    "collection": "",
+    "shard": "shard_",
+}
 # postgres_exporter's variable, so that its deployments keep working.
 _DSN_VARIABLES = (f"{ENV_PREFIX}DSN", "DATA_SOURCE_NAME")
 
@@ -472,6 +637,12 @@ class Config:
     log: LogConfig
     targets: tuple[TargetSettings, ...]
     max_parallel_collections: int = DEFAULT_PARALLEL_COLLECTIONS
+    # The daemon collects only the targets of its shard; `check` reads them all.
+    shard: Shard = dataclasses.field(default_factory=Shard)
+    auth_modules: Mapping[str, AuthModuleSettings] = dataclasses.field(default_factory=dict)
+    discovered_targets: DiscoveredTargetsSettings = dataclasses.field(
+        default_factory=DiscoveredTargetsSettings
+    )
 
 
 def _validate(values: Mapping[str, object], sources: Mapping[str, str]) -> Overrides:
@@ -565,6 +736,16 @@ def _read_file(path: Path) -> FileConfig:
             check_configs(file.keys + target.keys)
         except ValueError as exc:
             raise ConfigError(f"{path}: targets[{i}].keys: {exc}") from None
+    if not file.targets and not file.auth_modules:
+        raise ConfigError(
+            f"{path}: targets: list at least one server, or give auth_modules for the servers "
+            "that probes name"
+        )
+    for name, module in file.auth_modules.items():
+        try:
+            check_configs(file.keys + module.keys)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: auth_modules.{name}.keys: {exc}") from None
     return file
 
 
@@ -576,6 +757,34 @@ def _given(model: BaseModel) -> dict[str, Any]:
 def _chosen(flags: Overrides, env: Overrides, block: str) -> dict[str, Any]:
     """A block's settings given by variables or flags, the flags winning."""
     return {**_given(getattr(env, block)), **_given(getattr(flags, block))}
+
+
+def _shard(chosen: ShardConfig, origin: Callable[[str], str]) -> Shard:
+    """The shard, its index resolved; origin(name) says where a setting came from."""
+    index = chosen.index
+    if index == "auto":
+        try:
+            index = ordinal_of(socket.gethostname())
+        except ValueError as exc:
+            raise ConfigError(f"{origin('index')}: auto: {exc}") from None
+    if index >= chosen.total:
+        raise ConfigError(
+            f"{origin('index')}: there is no shard {index}: {origin('total')} makes "
+            f"{chosen.total}, numbered 0 to {chosen.total - 1}"
+        )
+    return Shard(index=index, total=chosen.total)
+
+
+def _over_top_level(
+    file: FileConfig, defaults: CollectionSettings, own: TargetConfig | AuthModuleConfig
+) -> dict[str, Any]:
+    """A target's or an auth module's collection settings, keys and catalog: its own, over
+    (or, for keys, after) what the file's top level, the variables and the flags give."""
+    return {
+        "collection": defaults.model_copy(update=_given(own.collection) if own.collection else {}),
+        "keys": file.keys + own.keys,
+        "catalog": file.catalog if own.catalog is None else own.catalog,
+    }
 
 
 def load(flags: Overrides, env: Overrides) -> Config:
@@ -598,6 +807,18 @@ def load(flags: Overrides, env: Overrides) -> Config:
         )
     web = file.web.model_copy(update=_chosen(flags, env, "web"))
     log = file.log.model_copy(update=_chosen(flags, env, "log"))
+
+    def shard_origin(name: str) -> str:
+        setting = _BY_PATH[("shard", name)]
+        if name in flags.shard.model_fields_set:
+            return f"flag {setting.flag}"
+        if name in env.shard.model_fields_set:
+            return f"environment variable {_spelled(setting)}"
+        if name in file.shard.model_fields_set:
+            return f"{config_file}: shard.{name}"
+        return f"the default of {setting.flag}"
+
+    shard = _shard(file.shard.model_copy(update=_chosen(flags, env, "shard")), shard_origin)
     # Flags and variables set the defaults for every target; a target's own block wins.
     defaults = file.collection.model_copy(update=_chosen(flags, env, "collection"))
     targets = tuple(
@@ -605,19 +826,30 @@ def load(flags: Overrides, env: Overrides) -> Config:
             name=target.name,
             dsn=target.dsn,
             password_file=target.password_file,
-            collection=defaults.model_copy(
-                update=_given(target.collection) if target.collection else {}
-            ),
-            keys=file.keys + target.keys,
-            catalog=file.catalog if target.catalog is None else target.catalog,
+            **_over_top_level(file, defaults, target),
             poolers=target.poolers,
             locks_page=file.locks_page.model_copy(update=_given(target.locks_page)),
         )
         for target in file.targets
     )
+    auth_modules = {
+        name: AuthModuleSettings(
+            name=name,
+            user=module.user,
+            password_file=module.password_file,
+            dbname=module.dbname,
+            options=module.options,
+            **_over_top_level(file, defaults, module),
+            allowed_targets=module.allowed_targets,
+        )
+        for name, module in file.auth_modules.items()
+    }
     return Config(
         web=web,
         log=log,
         targets=targets,
         max_parallel_collections=file.max_parallel_collections,
+        shard=shard,
+        auth_modules=auth_modules,
+        discovered_targets=file.discovered_targets,
     )

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from . import __version__, logs
 from .collector import ExporterCollector
 from .config import Config, TargetSettings, split_listen_address
+from .discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefused
 from .forensics import Answer
 from .http import make_app, serve
 from .scheduling import CollectionPool, Watchdog
@@ -41,11 +42,19 @@ class Daemon:
         self.pool = CollectionPool(config.max_parallel_collections)
         self._watchdog = Watchdog()  # every collection's deadline
         self._reload_lock = threading.Lock()
-        self._targets = {t.name: self._target(t) for t in config.targets}
+        # Another shard's targets are not connected to at all.
+        self._targets = {t.name: self._target(t) for t in _own(config)}
+        # The servers that probes name through an auth module; never in /metrics.
+        self._discovered = DiscoveredTargets(
+            self._discovered_target, config.auth_modules, config.discovered_targets
+        )
         self._access = None if web is None else WebAccess(web)
         self.collectors = CollectorRegistry()  # prometheus_client's, not the key registry
-        self.collectors.register(ExporterCollector(self.targets, self.pool, self._access))
+        self.collectors.register(
+            ExporterCollector(self.targets, self.pool, lambda: self.config.shard, self._access)
+        )
         ProcessCollector(registry=self.collectors)
+        self.collectors.register(DiscoveredCollector(self._discovered))
         host, port = split_listen_address(config.web.listen_address)
         self._server = serve(make_app(self), host, port, self._access)
         self._thread: threading.Thread | None = None
@@ -53,6 +62,14 @@ class Daemon:
 
     def _target(self, config: TargetSettings) -> Target:
         return Target(config, self.pool, self._watchdog, self.config.web.external_url)
+
+    def _discovered_target(self, config: TargetSettings) -> Target:
+        # No /locks link: that page serves the configured targets only.
+        return Target(config, self.pool, self._watchdog)
+
+    def discover(self, target: str, auth_module: str) -> Target | ProbeRefused:
+        """The target a probe names through an auth module, or why it is refused."""
+        return self._discovered.probe(target, auth_module)
 
     @property
     def telemetry_path(self) -> str:
@@ -67,6 +84,19 @@ class Daemon:
 
     def target(self, name: str) -> Target | None:
         return self._targets.get(name)
+
+    def elsewhere(self, name: str) -> str | None:
+        """Why a configured target of another shard is not served here; None for the others.
+
+        Only its own replica connects to it, so a server never gets a second connection.
+        """
+        shard = self.config.shard
+        if name in self._targets or all(t.name != name for t in self.config.targets):
+            return None
+        return (
+            f"target {name!r} is collected by shard {shard.owner(name)} of {shard.total}; "
+            f"this exporter is shard {shard.index}: ask that replica"
+        )
 
     def locks(self, name: str) -> tuple[Answer, float] | None:
         """The target's holders and waiters, and the answer's age; None for an unknown name."""
@@ -105,7 +135,7 @@ class Daemon:
         logs.setup(config.log.level, config.log.format)
         old = self._targets
         new: dict[str, Target] = {}
-        for target_config in config.targets:
+        for target_config in _own(config):
             kept = old.get(target_config.name)
             if kept is not None and kept.config == target_config:
                 new[target_config.name] = kept
@@ -117,7 +147,11 @@ class Daemon:
             log=config.log,
             targets=config.targets,
             max_parallel_collections=self.config.max_parallel_collections,
+            shard=config.shard,
+            auth_modules=config.auth_modules,
+            discovered_targets=config.discovered_targets,
         )
+        self._discovered.update(config.auth_modules, config.discovered_targets)
         for name, target in old.items():
             if new.get(name) is not target:
                 target.close()
@@ -128,6 +162,7 @@ class Daemon:
                 "added": ",".join(n for n in new if n not in old),
                 "removed": ",".join(n for n in old if n not in new),
                 "changed": ",".join(n for n in new if n in old and new[n] is not old[n]),
+                "shard": f"{config.shard.index}/{config.shard.total}",
             },
         )
 
@@ -148,6 +183,7 @@ class Daemon:
                 "address": self.config.web.listen_address,
                 "telemetry_path": self.telemetry_path,
                 "targets": ",".join(self._targets),
+                "shard": f"{self.config.shard.index}/{self.config.shard.total}",
                 "web_config": "none" if self._access is None else self._access.current().summary,
                 "version": __version__,
             },
@@ -177,3 +213,9 @@ class Daemon:
         self.pool.shutdown()
         for target in self._targets.values():
             target.close()
+        self._discovered.close()
+
+
+def _own(config: Config) -> list[TargetSettings]:
+    """The configured targets of this replica's shard."""
+    return [t for t in config.targets if config.shard.owns(t.name)]

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from . import __version__
 from .collector import ProbeCollector, ScrapeContext, current_scrape
+from .discovered import ProbeRefused
 from .endpoints import (
     HEALTH_PATH,
     HEALTHY_PATH,
@@ -59,6 +60,12 @@ class Exported(Protocol):
     def reload(self) -> str | None: ...
 
     def locks(self, name: str) -> tuple[Answer, float] | None: ...
+
+    def discover(self, target: str, auth_module: str) -> Target | ProbeRefused: ...
+
+    def elsewhere(self, name: str) -> str | None:
+        """Why a configured target of another shard is not served here."""
+        ...
 
 
 def _landing_page(telemetry_path: str, targets: Sequence[Target]) -> bytes:
@@ -170,6 +177,9 @@ def make_app(exported: Exported) -> WsgiApp:
             current_scrape.reset(token)
 
     def unknown(start_response: StartResponse, path: str, name: str) -> list[bytes]:
+        elsewhere = exported.elsewhere(name)
+        if elsewhere is not None:  # never collected here: a second connection to its server
+            return _text(start_response, "404 Not Found", elsewhere)
         known = ", ".join(t.name for t in exported.targets())
         return _text(
             start_response,
@@ -179,14 +189,22 @@ def make_app(exported: Exported) -> WsgiApp:
         )
 
     def probe(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        # Only names from the configuration: a host or a DSN in a URL would let anyone
-        # who can reach the exporter make it connect anywhere.
-        names = parse_qs(environ.get("QUERY_STRING", "")).get("target", [])
-        if len(names) != 1:
-            return _text(start_response, "400 Bad Request", "give one ?target=NAME")
-        target = exported.target(names[0])
+        # A name from the configuration, or a host that an auth module's allow-list admits:
+        # a host or a DSN taken as it comes would let anyone who can reach the exporter
+        # make it connect anywhere.
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        names, modules = query.get("target", []), query.get("auth_module", [])
+        if len(names) != 1 or len(modules) > 1:
+            return _text(
+                start_response,
+                "400 Bad Request",
+                "give one ?target=NAME, or ?target=HOST[:PORT][/DBNAME]&auth_module=MODULE",
+            )
+        target = exported.discover(names[0], modules[0]) if modules else exported.target(names[0])
         if target is None:
             return unknown(start_response, PROBE_PATH, names[0])
+        if isinstance(target, ProbeRefused):  # before any connection
+            return _text(start_response, target.refusal.status, target.message)
         registry = CollectorRegistry()
         registry.register(ProbeCollector(target, exported.pool))
         return exposition(make_wsgi_app(registry), environ, start_response)
@@ -428,6 +446,12 @@ class _QuietHandler(WSGIRequestHandler):
             environ["HTTPS"] = "on"
             environ["wsgi.url_scheme"] = "https"
         return environ
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        # The path without its query: a caller may put what it should not into a probe's
+        # target (a password, a host it has no business naming), and logs travel far.
+        path = urlsplit(getattr(self, "path", "") or "").path
+        log.debug("%s %s %s %s", getattr(self, "command", None) or "-", path or "-", code, size)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug(format, *args)

@@ -13,6 +13,7 @@ from .appnames import RewriteRule, fold, rewrite
 from .capacity import lock_table_capacity
 from .poolers import PoolerView, owner
 from .registry import NO_KEYS, RegisteredKey, Registry
+from .sharding import Shard
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot
 from .vocabulary import IDLE_STATES, certainly_session_level, mode_word, state_word, stranded
 
@@ -158,6 +159,20 @@ SPECS = {
             "0 if it was refused and the previous one stays; absent without the file.",
         ),
         MetricSpec(
+            "pg_advisory_exporter_discovered_targets",
+            "gauge",
+            (),
+            "Targets that probes named through an auth module, kept now (their series are "
+            "served by their /probe only).",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_probe_refusals_total",
+            "counter",
+            ("reason",),
+            "Probes of a target through an auth module refused before any connection: "
+            "unknown_auth_module, malformed_target, not_resolved, not_allowed, limit_reached.",
+        ),
+        MetricSpec(
             "pg_advisory_exporter_collect_duration_seconds",
             "gauge",
             ("target",),
@@ -188,6 +203,18 @@ SPECS = {
             ("target", "url"),
             "Always 1, where --web.external-url is set: the URL of the target's /locks page, "
             "which alert descriptions link to.",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_shard_index",
+            "gauge",
+            (),
+            "This replica's shard of the configured targets (--shard.index), from 0.",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_shards",
+            "gauge",
+            (),
+            "Replicas that split the configured targets between them (--shard.total).",
         ),
         MetricSpec(
             "pg_advisory_exporter_folded_application_names",
@@ -242,6 +269,13 @@ def locks_page_info(target: str, url: str) -> Sample:
 
 def build_info(version: str, python_version: str) -> Sample:
     return Sample("pg_advisory_exporter_build_info", (version, python_version), 1)
+
+
+def shard_samples(shard: Shard) -> list[Sample]:
+    return [
+        Sample("pg_advisory_exporter_shard_index", (), shard.index),
+        Sample("pg_advisory_exporter_shards", (), shard.total),
+    ]
 
 
 def web_config_reload(successful: bool) -> Sample:

@@ -56,6 +56,15 @@ class Thresholds(Strict):
     deadlocks_window: Duration = Field(600, description="the window")
     target_down_for: Duration = Field(300, description="a server unreadable this long pages")
     exporter_down_for: Duration = Field(300, description="the exporter unscrapable this long")
+    web_config_refused_for: Duration = Field(
+        600, description="a changed web configuration file refused this long warns"
+    )
+    shards_missing_for: Duration = Field(
+        900, description="a shard of a sharded exporter without a replica this long pages"
+    )
+    sharding_mismatch_for: Duration = Field(
+        900, description="replicas of one job that disagree on --shard.total this long warn"
+    )
     key_not_held_for: Duration = Field(120, description="an expect_held key without holder")
     key_held_too_long_for: Duration = Field(60, description="a key over its max_hold")
     migration_lock_held_after: Duration = Field(
@@ -169,6 +178,9 @@ class ThresholdValues:
 # databases.
 _SERVER = ("job", "instance", "target")
 _HOLDER = (*_SERVER, "datname", "application_name")
+# What tells the replicas of a sharded exporter apart; their shard series are aggregated
+# over everything else (the job and the group labels but pod), as kube-state-metrics' are.
+_REPLICA = "without (instance, pod)"
 # The link to the target's /locks page, where the exporter knows its external URL: the
 # exporter's own series says where that page is (--web.external-url), found by a query
 # when the alert fires; without that series the description ends before it.
@@ -324,6 +336,45 @@ class _Rules:
                 description="Prometheus has failed to scrape pg-advisory-exporter at "
                 f"{{{{ $labels.instance }}}} for {v.duration('exporter_down_for')}: no advisory "
                 "lock alert can fire for its targets until it is back.",
+                locks_page=False,
+            ),
+            t.alert(
+                "PgAdvisoryExporterWebConfigRefused",
+                f"{t.sel('pg_advisory_exporter_web_config_last_reload_successful')} == 0",
+                for_="web_config_refused_for",
+                severity="warning",
+                summary="pg-advisory-exporter {{ $labels.instance }} refused its changed web "
+                "configuration",
+                description="pg-advisory-exporter at {{ $labels.instance }} has refused a "
+                f"change to its --web.config.file for {v.duration('web_config_refused_for')} "
+                "and still serves with its previous web configuration (users and TLS as "
+                "before): the file on disk is not in effect. Its log says why.",
+                locks_page=False,
+            ),
+            t.alert(
+                "PgAdvisoryExporterShardsMissing",
+                f"max {_REPLICA} ({t.sel('pg_advisory_exporter_shards')}) "
+                f"- count without (shard_index) (count_values {_REPLICA} "
+                f'("shard_index", {t.sel("pg_advisory_exporter_shard_index")})) > 0',
+                for_="shards_missing_for",
+                severity="critical",
+                summary=f"Shards of {{{{ $labels.job }}}} without a replica: {value}",
+                description=f"{value} of the shards that the replicas of job "
+                "{{ $labels.job }} split their configured targets into (--shard.total) have "
+                f"had no replica serving for {v.duration('shards_missing_for')}: their targets "
+                "are not collected and none of their alerts can fire.",
+                locks_page=False,
+            ),
+            t.alert(
+                "PgAdvisoryExporterShardingMismatch",
+                f"stdvar {_REPLICA} ({t.sel('pg_advisory_exporter_shards')}) != 0",
+                for_="sharding_mismatch_for",
+                severity="warning",
+                summary="The replicas of {{ $labels.job }} disagree on the number of shards",
+                description="The replicas of job {{ $labels.job }} have been run with "
+                f"different --shard.total for {v.duration('sharding_mismatch_for')}: some "
+                "targets are collected by two replicas (two connections to their servers) and "
+                "others by none.",
                 locks_page=False,
             ),
             t.alert(

@@ -607,6 +607,46 @@ def _exporter() -> list[PanelBuilder]:
             "short",
             [Query(sel("pg_advisory_exporter_folded_application_names"), "{{target}}")],
         ),
+        _timeseries(
+            "Discovered targets",
+            "Servers that probes named through an auth module and the exporter keeps now "
+            "(docs/fleets.md, Discovered targets). It falls as targets go unprobed for "
+            "discovered_targets.idle_after; at discovered_targets.max new ones are refused.",
+            "short",
+            [Query(sel("pg_advisory_exporter_discovered_targets"), "{{instance}}")],
+        ),
+        _timeseries(
+            "Refused probes",
+            "Probes through an auth module refused before any connection, per second, by "
+            "reason: not_allowed is a target outside allowed_targets (a discovery that finds "
+            "more than the allow-list admits, or a caller trying), limit_reached is "
+            "discovered_targets.max.",
+            "ops",
+            [
+                Query(
+                    f"sum by (reason) (rate({sel('pg_advisory_exporter_probe_refusals_total')}"
+                    "[$__rate_interval]))",
+                    "{{reason}}",
+                )
+            ],
+        ),
+        _timeseries(
+            "Shards",
+            "For replicas that split the configured targets between them (docs/fleets.md, "
+            "Shards): how many shards each job has, and how many a replica serves. Below the "
+            "total, the missing shards' targets go uncollected; "
+            f"PgAdvisoryExporterShardsMissing pages after "
+            f"{format_duration(ALERTS.shards_missing_for)}.",
+            "short",
+            [
+                Query(f"max by (job) ({sel('pg_advisory_exporter_shards')})", "shards of {{job}}"),
+                Query(
+                    "count by (job) (count_values by (job) "
+                    f'("shard_index", {sel("pg_advisory_exporter_shard_index")}))',
+                    "served in {{job}}",
+                ),
+            ],
+        ),
     ]
 
 

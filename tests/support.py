@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import psycopg
 import pytest
 import trustme
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import TupleRow
 
@@ -355,6 +356,18 @@ class StartService(Protocol):
     """The `start_service` fixture: a Debian-packaged server; returns its port."""
 
     def __call__(self, binary: str, *args: str, ready_path: str) -> int: ...
+
+
+def start_prometheus(start_service: StartService, folder: Path, config: dict[str, Any]) -> int:
+    """Prometheus with this configuration, written into `folder` (the test's tmp_path, where
+    start_service runs it); its port once ready."""
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+    return start_service(
+        "prometheus",
+        "--config.file=prometheus.yml",
+        "--storage.tsdb.path=prometheus-data",
+        ready_path="/-/ready",
+    )
 
 
 class Cli(Protocol):

@@ -27,6 +27,9 @@ CONTRACT_ALERTS = {
     "PgAdvisoryDeadlocks",
     "PgAdvisoryTargetDown",
     "PgAdvisoryExporterDown",
+    "PgAdvisoryExporterWebConfigRefused",
+    "PgAdvisoryExporterShardsMissing",
+    "PgAdvisoryExporterShardingMismatch",
     "PgAdvisoryKeyNotHeld",
     "PgAdvisoryKeyHeldTooLong",
     "PgAdvisoryMigrationLockStuck",
@@ -170,7 +173,12 @@ def test_the_docs_scrape_as_the_job_the_rules_expect() -> None:
     """A scrape example copied as it is must let PgAdvisoryExporterDown fire."""
     docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
     text = "\n".join(path.read_text() for path in docs)
-    jobs = re.findall(r"^\s*- job_name: (\S+)", text, flags=re.MULTILINE)
+    # Leaving out the peer's job that an example shows for comparison, marked so.
+    jobs = [
+        match[1]
+        for match in re.finditer(r"^\s*- job_name: (\S+)(.*)$", text, flags=re.MULTILINE)
+        if "postgres_exporter's" not in match[2]
+    ]
     assert len(jobs) >= 2  # /probe's and the TLS one
     assert set(jobs) == {Thresholds().exporter_job}
 

@@ -10,6 +10,8 @@ import importlib
 import json
 import re
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,15 @@ import yaml
 from helm_python.chart import Chart, lint
 from helm_python.errors import HelmError
 from psycopg.conninfo import conninfo_to_dict
-from support import Cli
+from support import Cli, StartService, start_prometheus, wait_until
 
 from pg_advisory_exporter import __version__
 from pg_advisory_exporter.config import (
+    AUTH_MODULE_OPTIONS,
     SETTINGS,
+    AuthModuleConfig,
     CollectionSettings,
+    DiscoveredTargetsSettings,
     FileConfig,
     LocksPageSettings,
     LogConfig,
@@ -43,6 +48,11 @@ from pg_advisory_exporter.rules import Thresholds
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"
 VALUES_DIR = Path(__file__).parent / "chart_values"
+EXAMPLES_DIR = CHART / "examples"
+# The example of discovered targets routed to shards: the chart's values, and the
+# kube-prometheus-stack values whose scrape job routes them.
+EXAMPLE = EXAMPLES_DIR / "sharded-discovery.yaml"
+EXAMPLE_PROMETHEUS = EXAMPLES_DIR / "sharded-discovery-prometheus.yaml"
 RELEASE = "locks"
 NAMESPACE = "monitoring"
 # A recent release among those kubernetes-validate has schemas for (the chart wants >= 1.25).
@@ -65,14 +75,15 @@ Values = dict[str, Any]
 Document = dict[str, Any]
 
 
-def _values_file(name: str) -> Values:
-    values: Values = yaml.safe_load((VALUES_DIR / f"{name}.yaml").read_text())
+def _values_file(path: Path) -> Values:
+    values: Values = yaml.safe_load(path.read_text())
     return values
 
 
 VALUE_SETS: dict[str, Values] = {
     "defaults": {},
-    **{name: _values_file(name) for name in sorted(p.stem for p in VALUES_DIR.glob("*.yaml"))},
+    **{path.stem: _values_file(path) for path in sorted(VALUES_DIR.glob("*.yaml"))},
+    "example-sharded-discovery": _values_file(EXAMPLE),
 }
 
 
@@ -108,8 +119,14 @@ def only(documents: list[Document], kind: str) -> Document:
     return found[0]
 
 
+def workload(documents: list[Document]) -> Document:
+    """The Deployment, or the StatefulSet of a sharded release."""
+    (found,) = (d for d in documents if d["kind"] in ("Deployment", "StatefulSet"))
+    return found
+
+
 def pod_spec(documents: list[Document]) -> dict[str, Any]:
-    spec: dict[str, Any] = only(documents, "Deployment")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = workload(documents)["spec"]["template"]["spec"]
     return spec
 
 
@@ -211,6 +228,30 @@ def test_lints_clean_in_strict_mode(values: Values) -> None:
         ),
         ({"config": {"locks_page": {"reuse_for": "soon"}}}, "/config/locks_page/reuse_for"),
         ({"webExternalUrl": "locks.example.com"}, "/webExternalUrl"),
+        ({"sharding": {"shards": -1}}, "/sharding/shards"),
+        ({"sharding": {"shards": "3"}}, "/sharding/shards"),
+        ({"sharding": {"shards": 2.5}}, "/sharding/shards"),
+        ({"sharding": {"shard": 3}}, "'shard' not allowed"),
+        ({"sharding": {"shards": 3, "indexFrom": "ordinal"}}, "/sharding/indexFrom"),
+        (
+            {"config": {"auth_modules": {"m": {"user": "monitor"}}}},
+            "'allowed_targets'",
+        ),
+        (
+            {
+                "config": {
+                    "auth_modules": {
+                        "m": {
+                            "user": "u",
+                            "allowed_targets": ["10.0.0.0/8"],
+                            "options": {"host": "x"},
+                        }
+                    }
+                }
+            },
+            "invalid propertyName 'host'",
+        ),
+        ({"config": {"discovered_targets": {"max": 0}}}, "/config/discovered_targets/max"),
     ],
     ids=[
         "unknown top-level key",
@@ -229,6 +270,14 @@ def test_lints_clean_in_strict_mode(values: Values) -> None:
         "query text length 0",
         "reuse_for not a duration",
         "external URL without a scheme",
+        "negative shards",
+        "string for shards",
+        "fractional shards",
+        "misspelt sharding field",
+        "unknown index source",
+        "auth module without allow-list",
+        "auth module choosing the host",
+        "no discovered targets allowed",
     ],
 )
 def test_a_values_mistake_fails_rendering(values: Values, where: str) -> None:
@@ -251,7 +300,7 @@ def validate_kubernetes(document: Document) -> None:
 @parametrize_sets
 def test_core_objects_are_valid_kubernetes(values: Values) -> None:
     core = [d for d in render(values) if d["apiVersion"] != MONITORING_API]
-    assert {d["kind"] for d in core} >= {"Deployment", "Service"}
+    assert {d["kind"] for d in core} >= {workload(core)["kind"], "Service"}
     for document in core:
         validate_kubernetes(document)
 
@@ -320,6 +369,9 @@ CRD_CASES: list[tuple[str, str]] = [
     ("everything", "ServiceMonitor"),  # TLS, basic auth, relabelings, another namespace
     ("everything", "PodMonitor"),  # multi-target
     ("everything", "PrometheusRule"),
+    ("sharded", "ServiceMonitor"),  # every shard's /metrics through the headless Service
+    ("sharded", "PodMonitor"),
+    ("example-sharded-discovery", "ServiceMonitor"),
 ]
 
 
@@ -383,6 +435,15 @@ def test_kinds_of_each_set() -> None:
         "PrometheusRule",
     }
     assert everything.count("ConfigMap") == 2  # the configuration and the dashboard
+    assert kinds(VALUE_SETS["sharded"]) == [
+        "ConfigMap",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PodMonitor",
+        "Service",
+        "ServiceMonitor",
+        "StatefulSet",
+    ]
 
 
 # -- Secure defaults ------------------------------------------------------------------------
@@ -687,10 +748,14 @@ def test_no_password_in_a_configmap_or_the_environment() -> None:
         assert not [d for d in documents if d["kind"] == "Secret"], name
         container = exporter_container(documents)
         assert "envFrom" not in container, name
-        assert container.get("env", []) == values.get("extraEnv", []), name
+        env, extra = container.get("env", []), values.get("extraEnv", [])
+        assert env[len(env) - len(extra) :] == extra, name
+        # The chart's own variables only come from the pod's own fields (a shard's index).
+        for variable in env[: len(env) - len(extra)]:
+            assert variable["valueFrom"].keys() == {"fieldRef"}, (name, variable)
         if values.get("config", {}).get("existingSecret"):
             continue
-        for target in yaml.safe_load(config_text(documents))["targets"]:
+        for target in yaml.safe_load(config_text(documents)).get("targets", []):
             assert "password" not in conninfo_to_dict(target["dsn"]), (name, target["name"])
             for pooler in target.get("poolers", []):
                 if "admin_dsn" in pooler:
@@ -809,6 +874,59 @@ def test_poolers_the_exporter_would_refuse_fail_the_render(
         render_files({"config": {"targets": [{"name": "a", "dsn": "host=a", "poolers": poolers}]}})
 
 
+def test_auth_modules_take_passwords_from_existing_secrets() -> None:
+    values = VALUE_SETS["example-sharded-discovery"]
+    documents = render(values)
+    config = yaml.safe_load(config_text(documents))
+    assert "targets" not in config
+    given = values["config"]["auth_modules"]["fleet"]
+    module = config["auth_modules"]["fleet"]
+    assert "passwordSecret" not in module
+    secret = given["passwordSecret"]
+    assert mounted_files(documents)[module["password_file"]] == (secret["name"], secret["key"])
+    assert {k: v for k, v in module.items() if k != "password_file"} == {
+        k: v for k, v in given.items() if k != "passwordSecret"
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {
+                "config": {
+                    "auth_modules": {
+                        "fleet": {
+                            "user": "monitor",
+                            "allowed_targets": ["10.0.0.0/8"],
+                            "password_file": "/p",
+                            "passwordSecret": SECRET,
+                        }
+                    }
+                }
+            },
+            'module "fleet" has both passwordSecret and password_file',
+        ),
+        (
+            {
+                "config": {
+                    "targets": [],
+                    "auth_modules": {"fleet": {"user": "u", "allowed_targets": ["10.0.0.0/8"]}},
+                },
+                "serviceMonitor": {"enabled": True, "multipleTarget": {"enabled": True}},
+            },
+            "probes of discovered targets are routed by Prometheus",
+        ),
+    ],
+    ids=["two passwords", "multi-target without targets"],
+)
+def test_auth_modules_the_exporter_would_refuse_fail_the_render(
+    values: Values, message: str
+) -> None:
+    with pytest.raises(HelmError, match=message):
+        render_files(values)
+
+
 def test_the_whole_file_can_come_from_a_secret() -> None:
     documents = render(VALUE_SETS["config-from-secret"])
     container = exporter_container(documents)
@@ -827,7 +945,7 @@ def exporter_readable(documents: list[Document], folder: Path) -> Path:
     config = yaml.safe_load(config_text(documents))
     mounted = mounted_files(documents)
     user_mounts = [m["mountPath"] for m in exporter_container(documents)["volumeMounts"]]
-    for i, target in enumerate(config["targets"]):
+    for i, target in enumerate(config.get("targets", [])):
         for j, holder in enumerate([target, *target.get("poolers", [])]):
             if "password_file" in holder:
                 path = holder["password_file"]
@@ -835,6 +953,12 @@ def exporter_readable(documents: list[Document], folder: Path) -> Path:
                 local = folder / f"password-{i}-{j}"
                 local.write_text("not-a-real-password\n")
                 holder["password_file"] = str(local)
+    for name, module in config.get("auth_modules", {}).items():
+        if "password_file" in module:
+            assert module["password_file"] in mounted, (name, module["password_file"])
+            local = folder / f"password-{name}"
+            local.write_text("not-a-real-password\n")
+            module["password_file"] = str(local)
     config_path = folder / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     return config_path
@@ -850,8 +974,10 @@ def test_the_exporter_loads_the_rendered_configuration(name: str, tmp_path: Path
     config = load(
         read_flags({"config_file": exporter_readable(render(values), tmp_path)}), Overrides()
     )
-    given = values.get("config", {}).get("targets") or DEFAULT_TARGETS
+    given = values.get("config", {}).get("targets", DEFAULT_TARGETS)
     assert [t.name for t in config.targets] == [t["name"] for t in given]
+    modules = values.get("config", {}).get("auth_modules", {})
+    assert [m.name for m in config.auth_modules.values()] == list(modules)
     if name == "multi-target":
         keys = {k.name: k for k in config.targets[1].keys}
         assert keys["nightly_billing"].key == 7310001
@@ -902,7 +1028,8 @@ def test_the_values_schema_knows_every_setting_of_the_file() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     config = ("properties", "config")
     chart_only = {"existingConfigMap", "existingSecret", "existingKey"}
-    assert _properties(schema, *config) - chart_only == _fields(FileConfig) - {"web"}
+    # web and shard are the chart's to set: the port, and sharding.
+    assert _properties(schema, *config) - chart_only == _fields(FileConfig) - {"web", "shard"}
     assert _properties(schema, *config, "properties", "log") == _fields(LogConfig)
     assert _properties(schema, *config, "properties", "collection") == _fields(CollectionSettings)
     rewrites = (*config, "properties", "collection", "properties", "application_name_rewrites")
@@ -915,6 +1042,13 @@ def test_the_values_schema_knows_every_setting_of_the_file() -> None:
     assert _properties(schema, *config, "properties", "locks_page") == locks_page
     assert _properties(schema, *targets, "properties", "locks_page") == locks_page
     assert _properties(schema, *config, "properties", "keys", "items") == _fields(KeyConfig)
+    module = (*config, "properties", "auth_modules", "additionalProperties")
+    assert _properties(schema, *module) - {"passwordSecret"} == _fields(AuthModuleConfig)
+    options = schema["properties"]["config"]["properties"]["auth_modules"]
+    options = options["additionalProperties"]["properties"]["options"]
+    assert set(options["propertyNames"]["enum"]) == AUTH_MODULE_OPTIONS
+    discovered = (*config, "properties", "discovered_targets")
+    assert _properties(schema, *discovered) == _fields(DiscoveredTargetsSettings)
 
 
 # -- The dashboard --------------------------------------------------------------------------
@@ -987,15 +1121,24 @@ def test_pass_through_values_reach_the_pod() -> None:
     assert only(documents, "Deployment")["spec"]["replicas"] == 2
 
 
+def read_chart_flags(args: list[str]) -> Overrides:
+    """The exporter's reading of these --flag=value arguments, each a flag of its own."""
+    values: dict[str, str] = {}
+    for arg in args:
+        flag, _, value = arg.partition("=")
+        (setting,) = (s for s in SETTINGS if s.flag == flag)
+        values[setting.dest] = value
+    return read_flags(values)
+
+
 def test_the_external_url_is_passed_as_the_exporters_flag() -> None:
     assert not [a for a in exporter_container(render({}))["args"] if "external-url" in a]
     url = VALUE_SETS["poolers"]["webExternalUrl"]
     args = exporter_container(render(VALUE_SETS["poolers"]))["args"]
     assert f"--web.external-url={url}" in args
     # The flag is the exporter's, and the exporter takes the value.
-    flag, _, value = next(a for a in args if "external-url" in a).partition("=")
-    (setting,) = (s for s in SETTINGS if s.flag == flag)
-    assert read_flags({setting.dest: value}).web.external_url == url.rstrip("/")
+    external_url = [a for a in args if "external-url" in a]
+    assert read_chart_flags(external_url).web.external_url == url.rstrip("/")
     notes = render_files(VALUE_SETS["poolers"])["pg-advisory-exporter/templates/NOTES.txt"]
     assert f"{url.rstrip('/')}/locks?target=NAME" in notes
 
@@ -1032,3 +1175,163 @@ def test_the_catalog_setting_reaches_the_exporter(catalog: bool | list[str]) -> 
     config = yaml.safe_load(config_text(render(values)))
     assert config["catalog"] == catalog
     assert config["targets"][0]["catalog"] == catalog
+
+
+# -- Shards ---------------------------------------------------------------------------------
+
+SHARDED = VALUE_SETS["sharded"]
+POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
+
+
+def shard_args(documents: list[Document]) -> list[str]:
+    return [a for a in exporter_container(documents)["args"] if a.startswith("--shard.")]
+
+
+def test_shards_render_a_statefulset_behind_a_headless_service() -> None:
+    documents = render(SHARDED)
+    assert not [d for d in documents if d["kind"] == "Deployment"]
+    statefulset, service = only(documents, "StatefulSet"), only(documents, "Service")
+    assert statefulset["spec"]["replicas"] == SHARDED["sharding"]["shards"] == 3
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["metadata"]["name"] == "locks-pg-advisory-exporter-headless"
+    assert statefulset["spec"]["podManagementPolicy"] == "Parallel"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    pod_labels = statefulset["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= pod_labels
+    assert statefulset["spec"]["selector"]["matchLabels"].items() <= pod_labels
+
+
+def test_each_shard_takes_its_index_from_its_pod_index_label() -> None:
+    container = exporter_container(render(SHARDED))
+    args = shard_args(render(SHARDED))
+    assert args == ["--shard.total=3", "--shard.index=$(SHARD_INDEX)"]
+    variable = container["env"][0]
+    assert variable == {"name": "SHARD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": POD_INDEX}}}
+    # The exporter takes the arguments as the kubelet expands them in each pod.
+    for index in range(3):
+        expanded = [a.replace("$(SHARD_INDEX)", str(index)) for a in args]
+        shard = read_chart_flags(expanded).shard
+        assert (shard.total, shard.index) == (3, index)
+
+
+def test_each_shard_can_take_its_index_from_its_host_name() -> None:
+    documents = render({"sharding": {"shards": 2, "indexFrom": "hostname"}})
+    assert shard_args(documents) == ["--shard.total=2", "--shard.index=auto"]
+    assert "env" not in exporter_container(documents)
+    shard = read_chart_flags(shard_args(documents)).shard
+    assert (shard.total, shard.index) == (2, "auto")
+
+
+@pytest.mark.parametrize("name", ["defaults", "everything", "multi-target"])
+@pytest.mark.parametrize("shards", [0, 1])
+def test_one_shard_or_none_renders_the_deployment_as_before(name: str, shards: int) -> None:
+    values = VALUE_SETS[name]
+    assert render_files({**values, "sharding": {"shards": shards}}) == render_files(values)
+    assert only(render(values), "Deployment")
+    assert not shard_args(render(values))
+
+
+def test_the_monitors_and_policies_reach_every_shard() -> None:
+    documents = render(SHARDED)
+    statefulset = only(documents, "StatefulSet")
+    selector = statefulset["spec"]["selector"]
+    pod_labels = statefulset["spec"]["template"]["metadata"]["labels"].items()
+    service_labels = only(documents, "Service")["metadata"]["labels"].items()
+    # The ServiceMonitor finds the headless Service, whose endpoints are every shard's pod;
+    # the PodMonitor finds the pods themselves. Each scrapes /metrics, the shard's targets.
+    service_monitor = only(documents, "ServiceMonitor")
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service_labels
+    pod_monitor = only(documents, "PodMonitor")
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels
+    for monitor in (service_monitor, pod_monitor):
+        (endpoint,) = scrape_endpoints(monitor)
+        assert (endpoint["path"], endpoint["port"]) == ("/metrics", "http")
+    assert only(documents, "PodDisruptionBudget")["spec"]["selector"] == selector
+    assert only(documents, "NetworkPolicy")["spec"]["podSelector"] == selector
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"serviceMonitor": {"enabled": True, "multipleTarget": {"enabled": True}}},
+            "serviceMonitor.multipleTarget",
+        ),
+        (
+            {"podMonitor": {"enabled": True, "multipleTarget": {"enabled": True}}},
+            "podMonitor.multipleTarget",
+        ),
+        ({"replicaCount": 2}, "leave replicaCount at 1"),
+        ({"service": {"type": "NodePort"}}, "the Service is headless"),
+    ],
+    ids=["multi-target ServiceMonitor", "multi-target PodMonitor", "replicaCount", "NodePort"],
+)
+def test_what_sharding_cannot_do_fails_the_render(values: Values, message: str) -> None:
+    with pytest.raises(HelmError, match=message):
+        render_files({**values, "sharding": {"shards": 2}})
+
+
+def _example_job_without_kubernetes(services: list[dict[str, str]]) -> dict[str, Any]:
+    """The example's Prometheus job, the Services that Kubernetes discovery would find given
+    as static targets carrying its labels: Debian's Prometheus has no Kubernetes discovery."""
+    prometheus = yaml.safe_load(EXAMPLE_PROMETHEUS.read_text())
+    (job,) = prometheus["prometheus"]["prometheusSpec"]["additionalScrapeConfigs"]
+    assert job.pop("kubernetes_sd_configs") == [{"role": "service"}]
+    job["static_configs"] = [
+        {"targets": [f"{meta['__meta_kubernetes_service_name']}:5432"], "labels": meta}
+        for meta in services
+    ]
+    return dict(job)
+
+
+def _hashmod(value: str, modulus: int) -> int:
+    """Prometheus' hashmod: the last 8 bytes of the value's MD5, big-endian, modulo."""
+    return int.from_bytes(hashlib.md5(value.encode()).digest()[8:], "big") % modulus
+
+
+def test_a_real_prometheus_routes_each_discovered_database_to_one_shard(
+    start_service: StartService, tmp_path: Path
+) -> None:
+    """The example's job in Prometheus 2.42: every CloudNativePG read-write Service is probed
+    at one pod of the StatefulSet, the one hashmod of its target picks, by its stable name."""
+    documents = render(VALUE_SETS["example-sharded-discovery"])
+    statefulset, service = only(documents, "StatefulSet"), only(documents, "Service")
+    shards = statefulset["spec"]["replicas"]
+    clusters = [f"c{i:02d}" for i in range(30)]
+    services = [
+        {
+            "__meta_kubernetes_service_label_cnpg_io_cluster": cluster,
+            "__meta_kubernetes_service_name": f"{cluster}-{role}",
+            "__meta_kubernetes_namespace": "payments",
+        }
+        for cluster in clusters
+        for role in ("rw", "ro")  # only the read-write ones are kept
+    ]
+    job = _example_job_without_kubernetes(services)
+    assert job["job_name"] == Thresholds().exporter_job
+    modules = list(yaml.safe_load(config_text(documents))["auth_modules"])
+    config = {"global": {"scrape_interval": "1h"}, "scrape_configs": [job]}
+    port = start_prometheus(start_service, tmp_path, config)
+    active: list[dict[str, Any]] = []
+
+    def every_database_found() -> bool:
+        url = f"http://127.0.0.1:{port}/api/v1/targets?state=active"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            active[:] = json.load(answer)["data"]["activeTargets"]
+        return len(active) == len(clusters)
+
+    wait_until(every_database_found, 30, lambda: f"{len(clusters)} targets, not {active}", 0.5)
+    routed: dict[str, int] = {}
+    name, headless = statefulset["metadata"]["name"], service["metadata"]["name"]
+    for target in active:
+        url = urllib.parse.urlsplit(target["scrapeUrl"])
+        query = urllib.parse.parse_qs(url.query)
+        assert query["auth_module"] == modules
+        (database,) = query["target"]
+        assert target["labels"]["instance"] == database
+        shard = _hashmod(database, shards)
+        assert url.netloc == f"{name}-{shard}.{headless}.{NAMESPACE}.svc:9846"
+        routed[database] = shard
+    assert sorted(routed) == [f"{c}-rw.payments.svc.cluster.local:5432" for c in clusters]
+    assert set(routed.values()) == set(range(shards))  # every shard gets databases

@@ -1,5 +1,6 @@
 """The chart's rendered pod, run: `podman kube play` of the Deployment, ConfigMap and Secret
-on the image built from the Dockerfile, against the test PostgreSQL.
+on the image built from the Dockerfile, against the test PostgreSQL; and of a sharded
+release's StatefulSet, replica by replica.
 
 podman 4.3 runs Deployments and ConfigMaps as Kubernetes does, but not Secrets (a `secret`
 volume crashes `kube play`, a played Secret is stored in a form its own references reject).
@@ -7,12 +8,20 @@ So for this run only, the user's Secret becomes a ConfigMap with the same keys, 
 pod's `secret` volumes become `configMap` volumes; test_chart.py checks the real Secret
 references by schema. The exporter is also told to listen on a free port of 127.0.0.1, and
 the pod's probes follow it, since the pod shares the host's network.
+
+podman cannot run a StatefulSet either. Each replica is played as the Pod its controller
+would make: named NAME-i and labelled apps.kubernetes.io/pod-index: "i", which podman's
+downward API passes to the container as Kubernetes' does. The kubelet then expands
+$(SHARD_INDEX) in the arguments; podman does not, so the variable is handed to the exporter
+under its own name (PG_ADVISORY_EXPORTER_SHARD_INDEX) in place of that argument.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +32,9 @@ from helm_python.chart import Chart
 from support import MONITOR_PASSWORD, Scrape, Session, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
+from pg_advisory_exporter.config import SETTINGS
+from pg_advisory_exporter.kept_connection import APPLICATION_NAME
+from pg_advisory_exporter.sharding import Shard
 
 # Version-independent (tests/conftest.py): the chart's pod and the image; the server only gives it
 # a lock to show.
@@ -30,36 +42,90 @@ pytestmark = pytest.mark.any_version
 
 CHART = Path(__file__).parent.parent / "deploy" / "helm" / "pg-advisory-exporter"
 UID = 65532
+Document = dict[str, Any]
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+(SHARD_INDEX,) = (s for s in SETTINGS if s.flag == "--shard.index")
 
 
-def _for_podman(documents: list[dict[str, Any]], port: int) -> list[dict[str, Any]]:
-    played: list[dict[str, Any]] = []
-    for given in documents:
-        doc = given
-        if doc["kind"] == "Secret":
-            data = {**doc.get("stringData", {})}
-            doc = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": doc["metadata"],
-                "data": data,
+def _secret_as_configmap(secret: Document) -> Document:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": secret["metadata"],
+        "data": {**secret.get("stringData", {})},
+    }
+
+
+def _on_host_network(pod: dict[str, Any], port: int) -> None:
+    """A pod spec as podman can run it on the host's network, its exporter on `port`."""
+    for volume in pod["volumes"]:
+        if "secret" in volume:
+            secret = volume.pop("secret")
+            volume["configMap"] = {
+                "name": secret["secretName"],
+                **{k: v for k, v in secret.items() if k in ("items", "defaultMode")},
             }
-        if doc["kind"] == "Deployment":
-            pod = doc["spec"]["template"]["spec"]
-            for volume in pod["volumes"]:
-                if "secret" in volume:
-                    secret = volume.pop("secret")
-                    volume["configMap"] = {
-                        "name": secret["secretName"],
-                        **{k: v for k, v in secret.items() if k in ("items", "defaultMode")},
-                    }
-            (container,) = pod["containers"]
-            # On the host's network podman takes no port mappings; the probes name the port.
-            del container["ports"]
-            for probe in ("livenessProbe", "readinessProbe"):
-                container[probe]["httpGet"]["port"] = port
-        played.append(doc)
+    (container,) = pod["containers"]
+    # On the host's network podman takes no port mappings; the probes name the port.
+    del container["ports"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        container[probe]["httpGet"]["port"] = port
+
+
+def _replicas(statefulset: Document, ports: list[int]) -> Iterator[Document]:
+    """The Pods the StatefulSet's controller would make, replica i listening on ports[i]."""
+    assert statefulset["spec"]["replicas"] == len(ports)
+    for index, port in enumerate(ports):
+        template = copy.deepcopy(statefulset["spec"]["template"])
+        labels = {**template["metadata"]["labels"], POD_INDEX_LABEL: str(index)}
+        # podman 4.3 refuses a Pod's annotation longer than a label value may be (63
+        # characters), which Kubernetes allows: checksum/config is left out (it only rolls
+        # the pods when the configuration changes).
+        metadata = {"name": f"{statefulset['metadata']['name']}-{index}", "labels": labels}
+        pod = template["spec"]
+        (container,) = pod["containers"]
+        (variable,) = (v for v in container["env"] if v["name"] == "SHARD_INDEX")
+        container["args"].remove("--shard.index=$(SHARD_INDEX)")
+        variable["name"] = SHARD_INDEX.variables[0]
+        container["args"].append(f"--web.listen-address=127.0.0.1:{port}")
+        _on_host_network(pod, port)
+        yield {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod}
+
+
+def _for_podman(documents: list[Document], ports: list[int]) -> list[Document]:
+    played: list[Document] = []
+    for doc in documents:
+        if doc["kind"] == "Secret":
+            played.append(_secret_as_configmap(doc))
+        elif doc["kind"] == "StatefulSet":
+            played.extend(_replicas(doc, ports))
+        else:
+            if doc["kind"] == "Deployment":
+                (port,) = ports
+                _on_host_network(doc["spec"]["template"]["spec"], port)
+            played.append(doc)
     return played
+
+
+def _render(values: dict[str, Any], *templates: str) -> list[Document]:
+    rendered = Chart.load(str(CHART)).render(values, name="locks", namespace="monitoring")
+    return [
+        doc
+        for path, text in rendered.items()
+        if path.endswith(templates)
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+# The Secret the README tells users to create, holding the monitoring role's password.
+def _secret(key: str) -> Document:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "pg-monitor"},
+        "stringData": {key: MONITOR_PASSWORD},
+    }
 
 
 def _scrape(port: int) -> Scrape:
@@ -91,24 +157,10 @@ def test_the_rendered_pod_runs_and_exports(
         },
         "extraArgs": [f"--web.listen-address=127.0.0.1:{port}"],
     }
-    rendered = Chart.load(str(CHART)).render(values, name="locks", namespace="monitoring")
-    documents = [
-        doc
-        for path, text in rendered.items()
-        if path.endswith(("/deployment.yaml", "/configmap.yaml"))
-        for doc in yaml.safe_load_all(text)
-        if doc
-    ]
-    # The Secret the README tells users to create.
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "pg-monitor"},
-        "stringData": {"orders": MONITOR_PASSWORD},
-    }
+    documents = _render(values, "/deployment.yaml", "/configmap.yaml")
     assert {doc["kind"] for doc in documents} == {"Deployment", "ConfigMap"}
     manifest = tmp_path / "pod.yaml"
-    manifest.write_text(yaml.safe_dump_all(_for_podman([*documents, secret], port)))
+    manifest.write_text(yaml.safe_dump_all(_for_podman([*documents, _secret("orders")], [port])))
 
     leaked = session("billing-worker")
     leaked.execute("SELECT pg_advisory_lock(7310001)")
@@ -137,5 +189,74 @@ def test_the_rendered_pod_runs_and_exports(
         assert inspected["HostConfig"]["ReadonlyRootfs"] is True
         assert inspected["Config"]["User"].split(":")[0] == str(UID)
         assert podman.run("exec", container, "id", "-u").stdout.strip() == str(UID)
+    finally:
+        podman.run("kube", "down", str(manifest), check=False)
+
+
+def _exporter_backends(pg: EmbeddedPostgres) -> int:
+    with pg.connect() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            (APPLICATION_NAME,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_two_shards_of_the_chart_split_the_targets(
+    podman: Podman, image: str, pg: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """Two replicas of the rendered StatefulSet, each with the same ten targets (all on the
+    suite's server): each collects its own, none collects one twice, together all of them."""
+    ports = [free_port(), free_port()]
+    names = [f"db{i:02d}" for i in range(10)]
+    repository, _, tag = image.rpartition(":")
+    dsn = f"host=127.0.0.1 port={pg.port} dbname=postgres user=monitor"
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "sharding": {"shards": 2},
+        "config": {
+            "collection": {"min_interval": "1ms"},
+            "targets": [
+                {"name": name, "dsn": dsn, "passwordSecret": {"name": "pg-monitor", "key": "pw"}}
+                for name in names
+            ],
+        },
+    }
+    documents = _render(values, "/statefulset.yaml", "/configmap.yaml")
+    assert {doc["kind"] for doc in documents} == {"StatefulSet", "ConfigMap"}
+    manifest = tmp_path / "shards.yaml"
+    manifest.write_text(yaml.safe_dump_all(_for_podman([*documents, _secret("pw")], ports)))
+    expected = [{n for n in names if Shard(index, 2).owns(n)} for index in range(2)]
+    assert all(expected), expected  # both shards have targets, or the test shows little
+
+    before = _exporter_backends(pg)
+    podman.run("kube", "play", "--network", "host", str(manifest), timeout=180)
+    try:
+        last: list[Scrape] = []
+
+        def every_own_target_up() -> bool:
+            try:
+                last[:] = [_scrape(port) for port in ports]
+            except OSError:
+                return False
+            return all(
+                {labels["target"] for labels, up in scrape.find("pg_advisory_up") if up == 1} == own
+                for scrape, own in zip(last, expected, strict=True)
+            )
+
+        def served() -> list[list[str]]:
+            return [sorted(scrape.label_values("target")) for scrape in last]
+
+        wait_until(every_own_target_up, 90, lambda: f"shards {expected} up, not {served()}", 0.5)
+        shards = [set(targets) for targets in served()]
+        assert shards == expected
+        assert not shards[0] & shards[1]
+        assert shards[0] | shards[1] == set(names)
+        for index, scrape in enumerate(last):
+            assert scrape.value("pg_advisory_exporter_shard_index") == index
+            assert scrape.value("pg_advisory_exporter_shards") == 2
+        # One connection per target on the server: no target is collected by both.
+        assert _exporter_backends(pg) - before == len(names)
     finally:
         podman.run("kube", "down", str(manifest), check=False)

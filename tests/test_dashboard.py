@@ -27,6 +27,7 @@ from support import (
     Session,
     StartExporter,
     StartService,
+    start_prometheus,
     wait_until,
 )
 
@@ -299,14 +300,7 @@ def _start_prometheus(
             }
         ],
     }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = start_service(
-        "prometheus",
-        "--config.file=prometheus.yml",
-        "--storage.tsdb.path=prometheus-data",
-        ready_path="/-/ready",
-    )
-    return Prometheus(port)
+    return Prometheus(start_prometheus(start_service, tmp_path, config))
 
 
 def _empty_queries(prometheus: Prometheus, dashboard: Dashboard) -> list[str]:

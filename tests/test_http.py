@@ -11,7 +11,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import OneTarget, RunningExporter, Scrape, Session, StartExporter
+from support import OneTarget, RunningExporter, Scrape, Session, StartExporter, wait_until
 
 # Version-independent (tests/conftest.py): the HTTP surface.
 pytestmark = pytest.mark.any_version
@@ -184,3 +184,20 @@ def test_sigterm_ends_the_exporter_without_waiting_for_a_poll(
     # About 0.04 s here, the interpreter's exit included; the bound leaves ten times that.
     assert elapsed < 0.4, f"SIGTERM took {elapsed:.2f} s\n{exporter.log()}"
     assert "shutting down" in exporter.log()
+
+
+def test_the_access_log_leaves_out_query_strings(start_exporter: StartExporter) -> None:
+    exporter = start_exporter("--dsn", REFUSED, "--log.level", "debug")
+    secret = "pr0be-s3cret"
+    query = f"target=db.internal%20password%3D{secret}&auth_module=fleet"
+    status, _ = exporter.get(f"/probe?{query}")
+    assert status >= 400
+    assert exporter.get("/-/healthy")[0] == 200
+
+    def logged() -> bool:
+        return "/-/healthy" in exporter.log()
+
+    wait_until(logged, 5, lambda: f"the access log line:\n{exporter.log()}")
+    log = exporter.log()
+    assert secret not in log
+    assert f"GET /probe {status}" in log

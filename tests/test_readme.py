@@ -64,6 +64,7 @@ def test_the_file_example_is_valid(tmp_path: Path) -> None:
         for owner in [
             *data["targets"],
             *(p for t in data["targets"] for p in t.get("poolers", ())),
+            *data.get("auth_modules", {}).values(),
         ]:
             if "password_file" in owner:
                 owner["password_file"] = str(secret)

@@ -133,6 +133,11 @@ goes in the order of the names. */}}
 {{- $_ := set $secrets .name (append (get $secrets .name | default list) .key | uniq | sortAlpha) }}
 {{- end }}
 {{- end }}
+{{- range $module := .Values.config.auth_modules }}
+{{- with $module.passwordSecret }}
+{{- $_ := set $secrets .name (append (get $secrets .name | default list) .key | uniq | sortAlpha) }}
+{{- end }}
+{{- end }}
 {{- $secrets | toJson }}
 {{- end }}
 
@@ -153,7 +158,7 @@ mounted at. */}}
 {{- $config := .Values.config }}
 {{- $secretsDir := include "pg-advisory-exporter.secretsDir" . }}
 {{- $file := dict }}
-{{- range $key := list "log" "collection" "max_parallel_collections" "keys" "locks_page" }}
+{{- range $key := list "log" "collection" "max_parallel_collections" "keys" "locks_page" "discovered_targets" }}
 {{- $value := get $config $key }}
 {{- if not (empty $value) }}
 {{- $_ := set $file $key $value }}
@@ -163,8 +168,8 @@ mounted at. */}}
 {{- if hasKey $config "catalog" }}
 {{- $_ := set $file "catalog" $config.catalog }}
 {{- end }}
-{{- if not $config.targets }}
-{{- fail "config.targets is empty: list the servers to watch, or give the whole file in config.existingSecret or config.existingConfigMap" }}
+{{- if not (or $config.targets $config.auth_modules) }}
+{{- fail "config.targets is empty: list the servers to watch, or give auth_modules for the servers that probes name, or the whole file in config.existingSecret or config.existingConfigMap" }}
 {{- end }}
 {{- $targets := list }}
 {{- $names := dict }}
@@ -201,7 +206,23 @@ mounted at. */}}
 {{- end }}
 {{- $targets = append $targets $target }}
 {{- end }}
+{{- if $targets }}
 {{- $_ := set $file "targets" $targets }}
+{{- end }}
+{{- with $config.auth_modules }}
+{{- $modules := dict }}
+{{- range $name, $given := . }}
+{{- if and $given.passwordSecret $given.password_file }}
+{{- fail (printf "config.auth_modules: module %q has both passwordSecret and password_file: give one" $name) }}
+{{- end }}
+{{- $module := omit $given "passwordSecret" }}
+{{- with $given.passwordSecret }}
+{{- $_ := set $module "password_file" (printf "%s/%s/%s" $secretsDir .name .key) }}
+{{- end }}
+{{- $_ := set $modules $name $module }}
+{{- end }}
+{{- $_ := set $file "auth_modules" $modules }}
+{{- end }}
 {{- toYaml $file }}
 {{- end }}
 
@@ -216,6 +237,9 @@ mounted at. */}}
 {{- end }}
 {{- range $values.config.targets }}
 {{- $names = append $names .name }}
+{{- end }}
+{{- if not $names }}
+{{- fail (printf "%s.multipleTarget: config.targets is empty: probes of discovered targets are routed by Prometheus (docs/fleets.md), not by this monitor" .key) }}
 {{- end }}
 {{- end }}
 {{- $names | toJson }}
@@ -291,3 +315,23 @@ label (the same name) on its series, where Prometheus would otherwise add export
 {{- end }}
 {{- toYaml $probe }}
 {{- end }}
+
+{{/* "true" when the release is sharded (sharding.shards >= 2): a StatefulSet and a headless
+Service instead of a Deployment and a ClusterIP Service; nothing otherwise. */}}
+{{- define "pg-advisory-exporter.sharded" -}}
+{{- if ge (int .Values.sharding.shards) 2 }}true{{ end }}
+{{- end }}
+
+{{/* The Service's name. The sharded one is headless and named apart, since a Service cannot
+turn headless in place (its clusterIP is immutable): an upgrade replaces one with the other. */}}
+{{- define "pg-advisory-exporter.serviceName" -}}
+{{- $fullname := include "pg-advisory-exporter.fullname" . }}
+{{- if include "pg-advisory-exporter.sharded" . }}
+{{- printf "%s-headless" ($fullname | trunc 54 | trimSuffix "-") }}
+{{- else }}
+{{- $fullname }}
+{{- end }}
+{{- end }}
+
+{{/* The variable that carries a shard's index from its pod-index label into --shard.index. */}}
+{{- define "pg-advisory-exporter.shardIndexVariable" -}}SHARD_INDEX{{- end }}

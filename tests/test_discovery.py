@@ -1,0 +1,266 @@
+"""Discovered targets: a real Prometheus probes databases it discovers through an auth module,
+and what the allow-list and the cap refuse is refused before anything connects."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support import (
+    MONITOR_PASSWORD,
+    Config,
+    RunningExporter,
+    Scrape,
+    StartExporter,
+    StartService,
+    wait_until,
+)
+
+from devtools.embedded_postgres import EmbeddedPostgres
+
+DATABASES = [f"d{i:02}" for i in range(1, 31)]
+KEPT = DATABASES[:10]
+
+
+def _module(tmp_path: Path, *allowed: str) -> dict[str, Any]:
+    password_file = tmp_path / "monitor-password"
+    password_file.write_text(MONITOR_PASSWORD)
+    return {
+        "user": "monitor",
+        "password_file": str(password_file),
+        "options": {"sslmode": "disable"},
+        "allowed_targets": list(allowed),
+    }
+
+
+def _connections(pg: EmbeddedPostgres) -> dict[str, int]:
+    """The exporter's connections on the server, by database."""
+    with pg.connect() as conn:
+        rows = conn.execute(
+            "SELECT datname, count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'pg-advisory-exporter' GROUP BY datname"
+        ).fetchall()
+    return dict(rows)
+
+
+@pytest.fixture
+def databases(pg: EmbeddedPostgres) -> Iterator[list[str]]:
+    with pg.connect() as conn:
+        conn.autocommit = True
+        for name in DATABASES:
+            conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield DATABASES
+    finally:
+        with pg.connect() as conn:
+            conn.autocommit = True
+            for name in DATABASES:
+                conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def _write_targets(path: Path, targets: list[str]) -> None:
+    # Renamed into place: Prometheus never reads half a file.
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps([{"targets": targets}]))
+    partial.rename(path)
+
+
+def _prometheus(port: int, path: str, **query: str) -> Any:
+    url = f"http://127.0.0.1:{port}{path}?{urllib.parse.urlencode(query)}"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.load(answer)["data"]
+
+
+@pytest.mark.any_version
+def test_a_real_prometheus_probes_thirty_discovered_databases(
+    pg: EmbeddedPostgres,
+    databases: list[str],
+    start_exporter: StartExporter,
+    start_service: StartService,
+    tmp_path: Path,
+) -> None:
+    idle_after = 2.0
+    exporter = start_exporter(
+        config={
+            "auth_modules": {"fleet": _module(tmp_path, "127.0.0.1/32")},
+            "discovered_targets": {"idle_after": f"{idle_after}s"},
+        }
+    )
+    targets = [f"127.0.0.1:{pg.port}/{name}" for name in databases]
+    targets_file = tmp_path / "databases.json"
+    _write_targets(targets_file, targets)
+    (tmp_path / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                "scrape_configs": [
+                    {
+                        "job_name": "pg-advisory-exporter",
+                        "metrics_path": "/probe",
+                        "params": {"auth_module": ["fleet"]},
+                        "file_sd_configs": [{"files": [str(targets_file)]}],
+                        "relabel_configs": [
+                            {"source_labels": ["__address__"], "target_label": "__param_target"},
+                            {"source_labels": ["__param_target"], "target_label": "instance"},
+                            {
+                                "target_label": "__address__",
+                                "replacement": f"127.0.0.1:{exporter.port}",
+                            },
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    prometheus = start_service(
+        "prometheus",
+        "--config.file=prometheus.yml",
+        "--storage.tsdb.path=prometheus-data",
+        ready_path="/-/ready",
+    )
+    up: dict[str, float] = {}
+
+    def all_up() -> bool:
+        found = _prometheus(prometheus, "/api/v1/query", query="pg_advisory_up")["result"]
+        up.clear()
+        up.update({r["metric"]["target"]: float(r["value"][1]) for r in found})
+        return len(up) == len(targets) and all(value == 1 for value in up.values())
+
+    wait_until(all_up, 60, lambda: f"every discovered target up: {up}", 0.5)
+    assert sorted(up) == sorted(targets)  # target="127.0.0.1:PORT/dNN", as normalised
+    assert _connections(pg) == dict.fromkeys(databases, 1)  # one connection each, kept
+    # Their series are their probes' only: /metrics counts them and names none.
+    metrics = exporter.scrape()
+    assert metrics.value("pg_advisory_exporter_discovered_targets") == len(targets)
+    assert not metrics.find("pg_advisory_up")
+
+    kept = [f"127.0.0.1:{pg.port}/{name}" for name in KEPT]
+    _write_targets(targets_file, kept)
+    # Prometheus stops probing them within a scrape interval or two of reading the file;
+    # the exporter closes them idle_after later, and its sweep looks every idle_after / 4.
+    wait_until(
+        lambda: set(_connections(pg)) == set(KEPT),
+        idle_after + 8,
+        lambda: f"only the kept databases connected: {_connections(pg)}",
+        0.1,
+    )
+    exporter.scrape_until(
+        lambda scrape: scrape.value("pg_advisory_exporter_discovered_targets") == len(KEPT)
+    )
+    assert _connections(pg) == dict.fromkeys(KEPT, 1)  # the kept ones are still connected
+
+
+class _Listener:
+    """A port on another loopback address that records every connection made to it."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.2", 0))
+        self.port = self._socket.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[_Listener]:
+    opened = _Listener()
+    yield opened
+    opened.close()
+
+
+def _probe(exporter: RunningExporter, target: str, module: str | None = "fleet") -> int:
+    query = {"target": target} | ({} if module is None else {"auth_module": module})
+    return exporter.get(f"/probe?{urllib.parse.urlencode(query)}")[0]
+
+
+def _refusals(scrape: Scrape) -> dict[str, float]:
+    found = scrape.find("pg_advisory_exporter_probe_refusals_total")
+    return {labels["reason"]: value for labels, value in found if value}
+
+
+@pytest.mark.any_version
+def test_what_the_allow_list_refuses_nothing_connects_to(
+    pg: EmbeddedPostgres,
+    monitor_dsn: str,
+    start_exporter: StartExporter,
+    listener: _Listener,
+    tmp_path: Path,
+) -> None:
+    config: Config = {
+        "targets": [{"name": "main", "dsn": monitor_dsn}],
+        "auth_modules": {
+            "fleet": _module(tmp_path, "127.0.0.1/32"),
+            # An allowed name that resolves to the exporter's own host: refused, since only
+            # a network of the list may admit a loopback address.
+            "names": _module(tmp_path, f"localhost:{listener.port}"),
+        },
+    }
+    exporter = start_exporter(config=config)
+    elsewhere = f"127.0.0.2:{listener.port}"
+    assert _probe(exporter, elsewhere) == 403  # outside the allow-list
+    assert _probe(exporter, f"localhost:{listener.port}", "names") == 403
+    assert _probe(exporter, elsewhere, "nobody") == 404  # unknown module
+    assert _probe(exporter, f"host=127.0.0.2 port={listener.port}") == 400  # libpq keywords
+    assert _probe(exporter, f"monitor:{MONITOR_PASSWORD}@{elsewhere}") == 400  # a password
+    assert _probe(exporter, f"[127.0.0.2]:{listener.port}") == 400  # malformed
+    assert _probe(exporter, "127.0.0.2:99999") == 400
+    assert _refusals(exporter.scrape()) == {
+        "not_allowed": 2,
+        "unknown_auth_module": 1,
+        "malformed_target": 4,
+    }
+    # The configured target is probed by name, as before, and no discovered one is kept.
+    assert _probe(exporter, "main", None) == 200
+    assert exporter.scrape().label_values("target") == {"main"}
+    time.sleep(0.5)  # a connection started by any of them would have arrived by now
+    assert listener.accepted == 0
+
+
+@pytest.mark.any_version
+def test_the_cap_refuses_new_targets_and_a_reload_closes_what_is_no_longer_allowed(
+    pg: EmbeddedPostgres, start_exporter: StartExporter, tmp_path: Path
+) -> None:
+    def config(*allowed: str) -> Config:
+        return {
+            "auth_modules": {"fleet": _module(tmp_path, *allowed)},
+            "discovered_targets": {"max": 2},
+        }
+
+    exporter = start_exporter("--web.enable-lifecycle", config=config("127.0.0.1/32"))
+    server = f"127.0.0.1:{pg.port}"
+    assert _probe(exporter, f"{server}/postgres") == 200
+    assert _probe(exporter, server) == 200  # the same target: the module's dbname
+    assert _probe(exporter, f"{server}/billing") == 200
+    assert _probe(exporter, f"{server}/template1") == 503
+    scrape = exporter.scrape()
+    assert scrape.value("pg_advisory_exporter_discovered_targets") == 2
+    assert _refusals(scrape) == {"limit_reached": 1}
+    assert _connections(pg) == {"postgres": 1, "billing": 1}
+
+    # The same file, but the module now allows another network: its targets are closed.
+    config_path = tmp_path / f"config-{exporter.port}.yaml"
+    config_path.write_text(yaml.safe_dump(config("127.0.0.2/32")))
+    assert exporter.get("/-/reload", method="POST")[0] == 200
+    assert exporter.scrape().value("pg_advisory_exporter_discovered_targets") == 0
+    wait_until(lambda: not _connections(pg), 5, lambda: f"closed: {_connections(pg)}")
+    assert _probe(exporter, f"{server}/postgres") == 403

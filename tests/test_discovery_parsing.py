@@ -1,0 +1,301 @@
+"""Targets that probes name: parsing, normalising, the allow-list, the auth_modules block and
+the registry of discovered targets, without a server."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pg_advisory_exporter import discovered as discovered_module
+from pg_advisory_exporter.config import Config, load, read_environment, read_flags
+from pg_advisory_exporter.discovered import DiscoveredTargets, ProbeRefused, Refusal
+from pg_advisory_exporter.discovery import (
+    AllowList,
+    Refused,
+    TargetAddress,
+    parse_allowed,
+    parse_target,
+)
+from pg_advisory_exporter.scheduling import CollectionPool, Watchdog
+from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.target import Target
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("10.1.2.3", "10.1.2.3:5432/postgres"),
+        ("10.1.2.3:6432/orders", "10.1.2.3:6432/orders"),
+        ("DB-1.Example.COM.", "db-1.example.com:5432/postgres"),
+        ("db.example.com/billing", "db.example.com:5432/billing"),
+        ("[::1]", "[::1]:5432/postgres"),
+        ("[2001:DB8:0:0::1]:5433/x", "[2001:db8::1]:5433/x"),
+    ],
+)
+def test_a_target_is_normalised(text: str, name: str) -> None:
+    assert parse_target(text, "postgres").name == name
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("monitor:secret@db.example.com", "no user or password"),
+        ("monitor@db.example.com", "no user or password"),
+        ("host=db.example.com port=5432", "never a DSN or libpq keywords"),
+        ("db.example.com/x?sslmode=disable", "never a DSN or libpq keywords"),
+        ("db.example.com sslmode=disable", "never a DSN or libpq keywords"),
+        ("postgresql://db.example.com/x", "never a DSN"),
+        ("::1", "IPv6 in brackets"),
+        ("[::1", "IPv6 in brackets"),
+        ("[db.example.com]", "not an IPv6 address"),
+        ("[fe80::1%eth0]", "has no zone"),
+        ("db.example.com:0", "the port must be"),
+        ("db.example.com:65536", "the port must be"),
+        ("db.example.com:54x", "the port must be"),
+        ("db.example.com/", "not a database name"),
+        ("db.example.com/a/b", "not a database name"),
+        ("0177.0.0.1", "not a host name"),  # read by the resolver as 127.0.0.1
+        ("2130706433", "not a host name"),
+        ("-db.example.com", "not a host name"),
+        ("", "not HOST"),
+    ],
+)
+def test_a_malformed_target_is_refused(text: str, why: str) -> None:
+    with pytest.raises(Refused, match=why.replace("?", r"\?")):
+        parse_target(text, "postgres")
+
+
+@given(
+    address=st.ip_addresses(),
+    port=st.integers(1, 65535),
+    dbname=st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_$.-]{0,20}", fullmatch=True),
+)
+def test_normalising_twice_changes_nothing(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int, dbname: str
+) -> None:
+    host = f"[{address}]" if address.version == 6 else str(address)
+    parsed = parse_target(f"{host}:{port}/{dbname}", "postgres")
+    assert parsed == TargetAddress(address, port, dbname)
+    assert parse_target(parsed.name, "other") == parsed
+
+
+@given(st.text(max_size=20), st.sampled_from("@= ?"), st.text(max_size=20))
+def test_credentials_and_keywords_never_pass(before: str, mark: str, after: str) -> None:
+    with pytest.raises(Refused):
+        parse_target(before + mark + after, "postgres")
+
+
+def _allows(entries: list[str], target: str, *addresses: str) -> bool:
+    allowed = AllowList([parse_allowed(entry) for entry in entries])
+    parsed = parse_target(target, "postgres")
+    return allowed.admits(parsed, [ipaddress.ip_address(a) for a in addresses])
+
+
+def test_networks_admit_the_addresses_in_them_on_their_port() -> None:
+    assert _allows(["10.0.0.0/8"], "10.9.8.7:6000", "10.9.8.7")
+    assert not _allows(["10.0.0.0/8"], "11.0.0.1", "11.0.0.1")
+    assert _allows(["10.0.0.0/8:5432"], "10.0.0.1", "10.0.0.1")
+    assert not _allows(["10.0.0.0/8:5432"], "10.0.0.1:5433", "10.0.0.1")
+    assert _allows(["[fd00::/8]:5432"], "[fd00::1]", "fd00::1")
+    # An IPv4-mapped address is not the IPv4 network's.
+    assert not _allows(["10.0.0.0/8"], "[::ffff:10.0.0.1]", "::ffff:10.0.0.1")
+
+
+def test_a_name_is_admitted_only_if_every_address_is() -> None:
+    # All addresses in the network: admitted; one outside: refused.
+    assert _allows(["10.0.0.0/8"], "db.example.com", "10.0.0.1", "10.0.0.2")
+    assert not _allows(["10.0.0.0/8"], "db.example.com", "10.0.0.1", "192.168.0.1")
+
+
+def test_name_patterns_admit_names_under_them_but_not_special_addresses() -> None:
+    assert _allows(["*.db.internal"], "pg-1.eu.db.internal", "192.168.4.5")
+    assert not _allows(["*.db.internal"], "db.internal", "192.168.4.5")
+    assert not _allows(["*.db.internal"], "evil-db.internal", "192.168.4.5")
+    assert _allows(["pg.example.com:5432"], "pg.example.com", "192.168.4.5")
+    assert not _allows(["pg.example.com:5432"], "pg.example.com:6432", "192.168.4.5")
+    # A DNS answer cannot turn an allowed name into the exporter's host or the metadata
+    # service; a network of the list can admit them.
+    for special in ("127.0.0.1", "169.254.169.254", "::1", "0.0.0.0", "::ffff:169.254.169.254"):
+        assert not _allows(["*.db.internal"], "pg.db.internal", special), special
+    assert _allows(["*.db.internal", "127.0.0.0/8"], "pg.db.internal", "127.0.0.1")
+
+
+def test_a_name_no_entry_could_admit_is_not_resolved() -> None:
+    names_only = AllowList([parse_allowed("*.db.internal:5432")])
+    assert not names_only.may_resolve("pg.example.com", 5432)
+    assert not names_only.may_resolve("pg.db.internal", 6432)
+    assert names_only.may_resolve("pg.db.internal", 5432)
+    assert AllowList([parse_allowed("10.0.0.0/8")]).may_resolve("pg.example.com", 1)
+
+
+@pytest.mark.parametrize(
+    "entry", ["10.0.0.1/8", "*.*.example.com", "db.*.example.com", "a:b:c", "1.2.3", "x:99999"]
+)
+def test_a_bad_allow_list_entry_is_refused(entry: str) -> None:
+    with pytest.raises(ValueError, match=entry.replace("*", r"\*")):
+        parse_allowed(entry)
+
+
+def _load(tmp_path: Path, content: dict[str, object]) -> Config:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(content))
+    return load(read_flags({"config_file": str(path)}), read_environment())
+
+
+def test_a_module_without_allowed_targets_is_a_located_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as error:
+        _load(tmp_path, {"auth_modules": {"fleet": {"user": "monitor"}}})
+    assert str(error.value) == (
+        f"{tmp_path / 'config.yaml'}: auth_modules.fleet.allowed_targets: an auth module needs "
+        "allowed_targets: the networks (10.0.0.0/8) and host names (*.db.internal), with "
+        "optional ports, that probes may name"
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "where"),
+    [
+        ({"allowed_targets": ["10.0.0.1/8"]}, "auth_modules.fleet.allowed_targets[0]: "),
+        ({"options": {"host": "x"}}, "auth_modules.fleet.options: host: an auth module's"),
+        ({"options": {"password": "x"}}, "auth_modules.fleet.options: password:"),
+        ({"dbname": "a b"}, "auth_modules.fleet.dbname: "),
+        ({"password_file": "/nonexistent"}, "auth_modules.fleet: cannot read password_file"),
+        ({"collection": {"min_interval": "soon"}}, "auth_modules.fleet.collection.min_interval"),
+    ],
+)
+def test_module_errors_are_located(tmp_path: Path, module: dict[str, object], where: str) -> None:
+    fleet = {"user": "monitor", "allowed_targets": ["10.0.0.0/8"], **module}
+    with pytest.raises(ConfigError) as error:
+        _load(tmp_path, {"auth_modules": {"fleet": fleet}})
+    assert f"config.yaml: {where}" in str(error.value)
+
+
+def test_a_module_takes_the_top_level_settings_it_does_not_override(tmp_path: Path) -> None:
+    config = _load(
+        tmp_path,
+        {
+            "collection": {"statement_timeout": "2s", "min_interval": "1s"},
+            "catalog": False,
+            "auth_modules": {
+                "fleet": {
+                    "user": "monitor",
+                    "options": {"sslmode": "verify-full"},
+                    "collection": {"min_interval": "3s"},
+                    "allowed_targets": ["*.db.internal"],
+                }
+            },
+            "discovered_targets": {"idle_after": "2m", "max": 5},
+        },
+    )
+    module = config.auth_modules["fleet"]
+    assert (module.collection.statement_timeout, module.collection.min_interval) == (2.0, 3.0)
+    assert module.catalog is False
+    assert module.dbname == "postgres"
+    limits = config.discovered_targets
+    assert (limits.idle_after, limits.max) == (120.0, 5)
+    settings = module.target(
+        parse_target("pg.db.internal/orders", module.dbname), ipaddress.ip_address("10.0.0.7")
+    )
+    assert settings.name == "pg.db.internal:5432/orders"
+    # The checked address is where libpq connects; the name is what TLS verifies.
+    assert settings.dsn == (
+        "host=pg.db.internal hostaddr=10.0.0.7 port=5432 dbname=orders user=monitor "
+        "sslmode=verify-full"
+    )
+
+
+@pytest.fixture
+def discovered(tmp_path: Path) -> Iterator[DiscoveredTargets]:
+    """The registry of a module for 10.0.0.0/8 and *.db.internal; its targets never connect
+    in these tests (a Target connects at its first collection)."""
+    config = _load(
+        tmp_path,
+        {
+            "auth_modules": {
+                "fleet": {"user": "monitor", "allowed_targets": ["10.0.0.0/8", "*.db.internal"]}
+            },
+            "discovered_targets": {"idle_after": "100ms", "max": 3},
+        },
+    )
+    pool, watchdog = CollectionPool(1), Watchdog()
+    registry = DiscoveredTargets(
+        lambda settings: Target(settings, pool, watchdog),
+        config.auth_modules,
+        config.discovered_targets,
+    )
+    yield registry
+    registry.close()
+    pool.shutdown()
+
+
+def _resolving(monkeypatch: pytest.MonkeyPatch, *answers: list[str]) -> list[str]:
+    """Make host names resolve to each answer in turn; the names looked up are returned."""
+    asked: list[str] = []
+    replies = iter(answers)
+
+    def resolve(target: TargetAddress, wait: float) -> list[ipaddress.IPv4Address]:
+        asked.append(str(target.host))
+        return [ipaddress.IPv4Address(a) for a in next(replies)]
+
+    monkeypatch.setattr(discovered_module, "resolve", resolve)
+    return asked
+
+
+def test_a_name_keeps_its_connection_while_it_resolves_to_its_address(
+    discovered: DiscoveredTargets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _resolving(monkeypatch, ["10.0.0.1", "10.0.0.2"], ["10.0.0.2", "10.0.0.1"], ["10.0.0.3"])
+    first = discovered.probe("pg.example.com", "fleet")
+    assert isinstance(first, Target)
+    assert "hostaddr=10.0.0.1" in first.config.dsn
+    assert discovered.probe("pg.example.com", "fleet") is first  # round-robin order
+    moved = discovered.probe("pg.example.com", "fleet")  # resolves elsewhere now
+    assert isinstance(moved, Target)
+    assert moved is not first
+    assert "hostaddr=10.0.0.3" in moved.config.dsn
+
+
+def test_every_address_of_a_name_is_checked(
+    discovered: DiscoveredTargets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = _resolving(monkeypatch, ["10.0.0.1"], ["10.0.0.1", "192.168.0.1"])
+    assert isinstance(discovered.probe("pg.example.com:5432/x", "fleet"), Target)
+    refused = discovered.probe("other.example.com", "fleet")  # one address outside
+    assert isinstance(refused, ProbeRefused)
+    assert refused.refusal is Refusal.NOT_ALLOWED
+    assert asked == ["pg.example.com", "other.example.com"]
+    assert len([s for s in discovered.samples() if s.value]) == 2  # one target, one refusal
+
+
+def test_idle_targets_are_forgotten_and_the_cap_frees(discovered: DiscoveredTargets) -> None:
+    for host in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+        assert isinstance(discovered.probe(host, "fleet"), Target)
+    full = discovered.probe("10.0.0.4", "fleet")
+    assert isinstance(full, ProbeRefused)
+    assert full.refusal is Refusal.LIMIT_REACHED
+    assert isinstance(discovered.probe("10.0.0.1", "fleet"), Target)  # kept ones still serve
+    time.sleep(0.15)
+    discovered.sweep()
+    assert isinstance(discovered.probe("10.0.0.4", "fleet"), Target)
+    counts = {s.name: s.value for s in discovered.samples() if not s.labels}
+    assert counts == {"pg_advisory_exporter_discovered_targets": 1}
+
+
+def test_a_changed_module_closes_its_targets(discovered: DiscoveredTargets, tmp_path: Path) -> None:
+    kept = discovered.probe("10.0.0.1", "fleet")
+    assert isinstance(kept, Target)
+    narrower = _load(
+        tmp_path,
+        {"auth_modules": {"fleet": {"user": "monitor", "allowed_targets": ["10.1.0.0/16"]}}},
+    )
+    discovered.update(narrower.auth_modules, narrower.discovered_targets)
+    refused = discovered.probe("10.0.0.1", "fleet")
+    assert isinstance(refused, ProbeRefused)
+    assert refused.refusal is Refusal.NOT_ALLOWED
