@@ -95,9 +95,10 @@ lint: $(INSTALLED)
 typecheck: $(INSTALLED)
 	$(BIN)/mypy
 
-# The fast tier: no PostgreSQL, no Prometheus tools, no subprocess of the exporter.
+# The fast tier: no PostgreSQL, no Prometheus tools, no subprocess of the exporter; on
+# every core (pytest-xdist), as its tests share nothing.
 unit: $(INSTALLED) $(CRD_MODELS)
-	$(BIN)/pytest -m unit
+	$(BIN)/pytest -m unit -n auto
 
 bench: $(INSTALLED)
 	$(BIN)/python -m benchmarks.collection_cost
