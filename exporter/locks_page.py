@@ -5,18 +5,133 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from .forensics import Answer, Backend, ContendedKey, Forensics, LockEntry, Waiter
-from .keys import BIGINT_KEY
+from .keys import BIGINT_KEY, AdvisoryKey
 from .vocabulary import format_age
 
 # Every value on the page comes from the server, and clients choose their own
 # application_name and query text: each is escaped, and the page may run no script at all.
 CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'"
+
+
+# -- At a glance: a backend's keys by group, and who blocks whom ------------------------------
+
+# The keys a holder's line shows before its disclosure (the awaited and contended ones are
+# always shown, besides these).
+FIRST_KEYS = 5
+
+
+def key_group(lock: LockEntry) -> str:
+    """The group a key is counted in: its registry or catalog name, else its namespace (the
+    first int of a pair), else "unnamed bigint"."""
+    if lock.key_name is not None:
+        return lock.key_name
+    if lock.key.objsubid == BIGINT_KEY:
+        return "unnamed bigint"
+    return f"namespace {lock.key.parts[0]}"
+
+
+def key_groups(backend: Backend) -> list[tuple[str, int]]:
+    """The listed keys it holds, counted per group, the largest group first."""
+    counts = Counter(key_group(lock) for lock in backend.held)
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+Awaited = set[tuple[int, AdvisoryKey]]  # (database oid, key) of every awaited lock
+
+
+def _awaited(forensics: Forensics) -> Awaited:
+    return {waiter.lock.lock for waiter in forensics.waiters}
+
+
+def split_held(backend: Backend, awaited: Awaited) -> tuple[list[LockEntry], list[LockEntry]]:
+    """Its listed held locks: the contended ones (somebody awaits them), and the others."""
+    hot: list[LockEntry] = []
+    rest: list[LockEntry] = []
+    for lock in backend.held:
+        (hot if lock.lock in awaited else rest).append(lock)
+    return hot, rest
+
+
+@dataclass(frozen=True)
+class ChainNode:
+    """One backend in the "who blocks whom" forest: a head blocker (it awaits nothing) at a
+    root, a waiter under each backend that holds it back. A backend is shown in full once:
+    met again, it is marked `cycle` (it is on the way up: a deadlock in progress) or `seen`
+    (shown in full elsewhere), without its waiters."""
+
+    pid: int
+    waiter: Waiter | None  # None: it awaits nothing
+    queued: bool  # held back by earlier waiters only (nobody holding a conflicting mode)
+    repeat: str | None  # None, "cycle", "seen" or "continued" (at a root further down)
+    waiters: tuple[ChainNode, ...]
+
+
+# The deepest a chain nests: a longer one goes on at a root of its own (its nesting, and
+# json's, stay far from Python's recursion limit, and the page stays readable).
+CHAIN_DEPTH = 16
+
+
+def blocking_chains(waiters: Sequence[Waiter]) -> tuple[ChainNode, ...]:
+    """The forest of who blocks whom: roots are the head blockers, the longest wait first;
+    then any waiter not under one (a cycle: every backend in it waits), then the rest of
+    chains deeper than CHAIN_DEPTH."""
+    by_pid = {w.backend.pid: w for w in waiters}
+    under: dict[int, list[Waiter]] = {}
+    for waiter in waiters:  # the longest waiting first
+        for pid in waiter.blocked_by or waiter.queued_behind:
+            under.setdefault(pid, []).append(waiter)
+    shown: set[int] = set()
+    deeper: list[int] = []  # continued at a root
+
+    def node(pid: int, path: tuple[int, ...]) -> ChainNode:
+        waiter = by_pid.get(pid)
+        queued = waiter is not None and not waiter.blocked_by and bool(waiter.queued_behind)
+        if pid in path or pid in shown:
+            return ChainNode(pid, waiter, queued, "cycle" if pid in path else "seen", ())
+        if len(path) >= CHAIN_DEPTH and pid in under:
+            deeper.append(pid)
+            shown.add(pid)
+            return ChainNode(pid, waiter, queued, "continued", ())
+        shown.add(pid)
+        children = tuple(node(w.backend.pid, (*path, pid)) for w in under.get(pid, ()))
+        return ChainNode(pid, waiter, queued, None, children)
+
+    def with_the_rest(root: ChainNode) -> list[ChainNode]:
+        """The root, and the chains deeper than CHAIN_DEPTH under it, each from where it
+        was cut (shown as a whole from there)."""
+        found = [root]
+        while deeper:
+            pid = deeper.pop(0)
+            shown.discard(pid)
+            found.append(node(pid, ()))
+        return found
+
+    roots = [n for pid in under if pid not in by_pid for n in with_the_rest(node(pid, ()))]
+    for waiter in waiters:  # those left wait on a cycle, or for nobody any more
+        if waiter.backend.pid not in shown:
+            roots += with_the_rest(node(_on_its_cycle(waiter, by_pid), ()))
+    return tuple(roots)
+
+
+def _on_its_cycle(waiter: Waiter, by_pid: Mapping[int, Waiter]) -> int:
+    """Up from a waiter that no head blocker holds back, the first backend met twice (one
+    on its cycle, so that the whole cycle is shown under it), or the last one up."""
+    met: set[int] = set()
+    pid = waiter.backend.pid
+    while pid not in met and pid in by_pid:
+        met.add(pid)
+        up = by_pid[pid].blocked_by or by_pid[pid].queued_behind
+        if not up:
+            return pid
+        pid = up[0]
+    return pid
 
 
 def _time(value: datetime | None) -> str | None:
@@ -88,6 +203,18 @@ def _holder(backend: Backend, query_text: bool) -> dict[str, Any]:
         "held_entries": backend.held_entries,
         "locks": [_lock(lock) for lock in backend.held],
         "locks_left_out": backend.held_left_out,
+        "key_groups": [{"group": g, "locks": n} for g, n in key_groups(backend)],
+    }
+
+
+def _chain(node: ChainNode, names: Mapping[int, str]) -> dict[str, Any]:
+    return {
+        "pid": node.pid,
+        "application_name": names.get(node.pid),
+        "awaits": None if node.waiter is None else _lock(node.waiter.lock),
+        "queued": node.queued,
+        "repeat": node.repeat,
+        "waiters": [_chain(child, names) for child in node.waiters],
     }
 
 
@@ -103,6 +230,7 @@ def _contended(key: ContendedKey) -> dict[str, Any]:
 
 def forensics_json(forensics: Forensics) -> dict[str, Any]:
     """The holders, waiters and contended keys, as /locks and `check --format json` give them."""
+    names = {b.pid: b.application_name for b in forensics.backends}
     return {
         "read_at": _unix(forensics.read_at),
         "query_text": forensics.query_text,
@@ -111,6 +239,7 @@ def forensics_json(forensics: Forensics) -> dict[str, Any]:
         "waiters": [_waiter(w, forensics.query_text) for w in forensics.waiters],
         "holders": [_holder(b, forensics.query_text) for b in forensics.holders],
         "contended_keys": [_contended(key) for key in forensics.contended],
+        "blocking_chains": [_chain(root, names) for root in blocking_chains(forensics.waiters)],
         "poolers": [{"name": view.name, "error": view.error} for view in forensics.poolers],
     }
 
@@ -138,17 +267,32 @@ def _json_parts(forensics: Forensics) -> tuple[str, str]:
 
 # -- HTML ----------------------------------------------------------------------------------
 
+# Fits a 1,280 px window whatever the values: tables as wide as the page with fixed column
+# widths, and long values (keys, names, statements) wrapped anywhere.
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #1d1d1f; background: #fff; }
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #1d1d1f; background: #fff;
+       overflow-wrap: break-word; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
-table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; width: 100%;
+        table-layout: fixed; }
 th, td { border: 1px solid #c8c8cc; padding: 0.3em 0.6em; text-align: left;
-         vertical-align: top; }
+         vertical-align: top; overflow-wrap: break-word; }
 th { background: #e8eef7; }
 tr:nth-child(even) td { background: #f7f7f9; }
 code { font-family: ui-monospace, monospace; white-space: pre-wrap; word-break: break-all; }
-code.statement { white-space: nowrap; word-break: normal; }
+code.key { white-space: nowrap; word-break: normal; }
+code.statement { word-break: normal; overflow-wrap: anywhere; font-size: 0.85em; }
 .note { color: #55555a; } .warn { color: #a01010; font-weight: bold; }
+.line { display: block; }
+ul.groups { display: inline; margin: 0; padding: 0; }
+ul.groups li { display: inline; } ul.groups li + li::before { content: ", "; }
+details { margin-top: 0.2em; } summary { cursor: pointer; color: #1a4f9c; }
+ol.keys { margin: 0.2em 0; padding-left: 2.2em; max-height: 24em; overflow-y: auto; }
+ul.chains, ul.chains ul { list-style: none; margin: 0; padding-left: 1.6em; }
+ul.chains { padding-left: 0; }
+ul.chains li { margin: 0.15em 0; }
+ul.chains ul { border-left: 2px solid #c8c8cc; margin-left: 0.5em; }
+ul.chains ul > li::before { content: "\\2190  "; color: #55555a; }
 """
 
 
@@ -162,7 +306,7 @@ def _moment(value: datetime | None) -> str | None:
 
 def _key(lock: LockEntry) -> str:
     name = "" if lock.key_name is None else f" ({html.escape(lock.key_name)})"
-    return f"<code>{_e(lock.key)}</code>{name}"
+    return f'<code class="key">{_e(lock.key)}</code>{name}'
 
 
 def _pooler(backend: Backend) -> str:
@@ -175,22 +319,57 @@ def _pids(pids: Iterable[int]) -> str:
     return ", ".join(str(pid) for pid in pids) or "-"
 
 
-def _table(headings: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headings)
+def _table(headings: Sequence[tuple[str, str]], rows: Iterable[Sequence[str]]) -> str:
+    """A table of the page's width: each heading with its column's width (CSS, or "" for a
+    share of what the others leave)."""
+    cols = "".join(f'<col style="width:{w}">' if w else "<col>" for _, w in headings)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h, _ in headings)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>\n" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead>\n<tbody>\n{body}</tbody></table>\n"
+    return (
+        f"<table><colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>\n"
+        f"<tbody>\n{body}</tbody></table>\n"
+    )
 
 
 def _query(backend: Backend, query_text: bool) -> list[str]:
     return [f"<code>{_e(backend.query)}</code>"] if query_text else []
 
 
+def _who(backend: Backend, started: bool = False) -> str:
+    """Application, database, client and pooler (and when it started), a line each."""
+    lines = [
+        _e(backend.application_name),
+        f'<span class="note">db</span> {_e(backend.datname)}',
+        f'<span class="note">from</span> {_e(backend.client or "-")}',
+    ]
+    if backend.pool is not None:
+        lines.append(f'<span class="note">pool</span> {_pooler(backend)}')
+    if started:
+        lines.append(f'<span class="note">since</span> {_e(_moment(backend.backend_start))}')
+        if backend.xact_start is not None:
+            lines.append(f'<span class="note">transaction</span> {_e(_moment(backend.xact_start))}')
+    return "".join(f'<span class="line">{line}</span>' for line in lines)
+
+
+def _end_it(backend: Backend) -> str:
+    return f'<code class="statement">{_e(backend.terminate)}</code>'
+
+
+def _query_heading(forensics: Forensics) -> list[tuple[str, str]]:
+    return [("Query", "")] * forensics.query_text
+
+
+_WHO = ("Application, database, client", "15em")
+_END_IT = ("To end it", "15.5em")
+
+
 def _waiters_table(forensics: Forensics) -> str:
     if not forensics.waiters:
         return '<p class="note">Nobody waits for an advisory lock.</p>\n'
-    headings = ["PID", "Blocked by", "Queued behind", "Key", "Mode", "Waiting", "Database",
-                "Application", "Client", "Pooler", "State"]  # fmt: skip
-    headings += ["Query"] * forensics.query_text + ["To end it"]
+    headings = [("PID", "4.5em"), ("Blocked by", "6.5em"), ("Queued behind", "6.5em"),
+                ("Key", ""), ("Mode", "6.5em"), ("Waiting", "6em"), _WHO,
+                ("State", "8em")]  # fmt: skip
+    headings += [*_query_heading(forensics), _END_IT]
     rows = [
         [
             _e(w.backend.pid),
@@ -199,53 +378,117 @@ def _waiters_table(forensics: Forensics) -> str:
             _key(w.lock),
             _e(w.lock.mode),
             _e(format_age(w.lock.wait_seconds)),
-            _e(w.backend.datname),
-            _e(w.backend.application_name),
-            _e(w.backend.client or "-"),
-            _pooler(w.backend),
+            _who(w.backend),
             _e(w.backend.state_word),
             *_query(w.backend, forensics.query_text),
-            f'<code class="statement">{_e(w.backend.terminate)}</code>',
+            _end_it(w.backend),
         ]
         for w in forensics.waiters
     ]
     return _table(headings, rows)
 
 
-def _held(backend: Backend) -> str:
-    keys = ", ".join(f"{_key(lock)} {_e(lock.mode)}" for lock in backend.held)
+def _keys_list(locks: Iterable[LockEntry]) -> str:
+    return ", ".join(f"{_key(lock)} {_e(lock.mode)}" for lock in locks)
+
+
+def _held(backend: Backend, awaited: Awaited) -> str:
+    """Its keys at a glance: counts per group, the contended keys and the key it awaits,
+    the first few others, and every listed key behind a disclosure (no script)."""
+    groups = "".join(
+        f'<li><span class="group">{_e(group)}</span>: <span class="count">{count:,}</span></li>'
+        for group, count in key_groups(backend)
+    )
+    summary = f'<ul class="groups">{groups}</ul>'
     if backend.held_left_out:
-        keys += f' <span class="note">and {backend.held_left_out:,} more</span>'
-    return keys
+        summary += f'; <span class="note">{backend.held_left_out:,} more not read</span>'
+    lines = [f'<span class="line summary">{summary}</span>']
+    hot, rest = split_held(backend, awaited)
+    if hot:
+        lines.append(f'<span class="line contended"><strong>awaited by others:</strong> '
+                     f"{_keys_list(hot)}</span>")  # fmt: skip
+    if backend.awaited is not None:
+        lines.append(f'<span class="line awaits"><strong>awaits:</strong> '
+                     f"{_keys_list([backend.awaited])}</span>")  # fmt: skip
+    first = rest[:FIRST_KEYS]
+    if first:
+        more = " …" if len(rest) > len(first) or backend.held_left_out else ""
+        lines.append(f'<span class="line first">{_keys_list(first)}{more}</span>')
+    if len(rest) > len(first):
+        items = "".join(f"<li>{_key(lock)} {_e(lock.mode)}</li>" for lock in backend.held)
+        read = f"all {len(backend.held):,} keys read"
+        if backend.held_left_out:
+            read += f" (of {backend.held_entries:,})"
+        lines.append(f'<details><summary>{read}</summary><ol class="keys">{items}</ol></details>')
+    return "".join(lines)
 
 
 def _holders_table(forensics: Forensics) -> str:
     holders = forensics.holders
     if not holders:
         return '<p class="note">Nobody holds an advisory lock.</p>\n'
-    headings = ["PID", "Entries", "Keys", "Level", "Database", "Application", "Client",
-                "Pooler", "Backend start", "State", "In state", "Transaction start"]  # fmt: skip
-    headings += ["Query"] * forensics.query_text + ["To end it"]
+    awaited = _awaited(forensics)
+    headings = [("PID", "4.5em"), ("Entries", "5.5em"), ("Keys", ""), ("State", "11em"),
+                _WHO, *_query_heading(forensics), _END_IT]  # fmt: skip
     rows = [
         [
             _e(b.pid),
             _e(f"{b.held_entries:,}"),
-            _held(b),
-            _e(b.level),
-            _e(b.datname),
-            _e(b.application_name),
-            _e(b.client or "-"),
-            _pooler(b),
-            _e(_moment(b.backend_start)),
-            _e(b.state_word),
-            _e(format_age(b.state_seconds)),
-            _e(_moment(b.xact_start)),
+            _held(b, awaited),
+            _state(b),
+            _who(b, started=True),
             *_query(b, forensics.query_text),
-            f'<code class="statement">{_e(b.terminate)}</code>',
+            _end_it(b),
         ]
         for b in holders
     ]
     return _table(headings, rows)
+
+
+def _state(backend: Backend) -> str:
+    """Its state and for how long, and the level of its locks, a line each."""
+    lines = [
+        f'<span class="state">{_e(backend.state_word)}</span>',
+        f'<span class="note">for</span> {_e(format_age(backend.state_seconds))}',
+        f'<span class="note">level</span> {_e(backend.level)}',
+    ]
+    return "".join(f'<span class="line">{line}</span>' for line in lines)
+
+
+def _chain_item(node: ChainNode, backends: Mapping[int, Backend]) -> str:
+    backend = backends.get(node.pid)
+    who = "" if backend is None else f" {_e(backend.application_name)} ({_e(backend.state_word)}"
+    if backend is not None:
+        who += f" for {_e(format_age(backend.state_seconds))})"
+    text = f"<strong>{node.pid}</strong>{who}"
+    if node.waiter is not None:
+        lock = node.waiter.lock
+        how = "queued for" if node.queued else "awaits"
+        text += f", {how} {_key(lock)} {_e(lock.mode)} for {_e(format_age(lock.wait_seconds))}"
+    if node.repeat == "cycle":
+        text += ' <span class="warn">waits on itself through the chain: a deadlock</span>'
+    elif node.repeat == "seen":
+        text += ' <span class="note">(shown above)</span>'
+    elif node.repeat == "continued":
+        text += ' <span class="note">(its waiters: below, from here on)</span>'
+    nested = "".join(_chain_item(child, backends) for child in node.waiters)
+    inner = f"<ul>{nested}</ul>" if nested else ""
+    kind = f' class="{node.repeat}"' if node.repeat else ""
+    return f'<li data-pid="{node.pid}"{kind}>{text}{inner}</li>\n'
+
+
+def _chains(forensics: Forensics) -> str:
+    roots = blocking_chains(forensics.waiters)
+    if not roots:
+        return '<p class="note">Nobody waits for an advisory lock.</p>\n'
+    backends = {b.pid: b for b in forensics.backends}
+    items = "".join(_chain_item(root, backends) for root in roots)
+    return (
+        '<p class="note">Each backend that holds others back, with its waiters under it '
+        "(and theirs under them); a waiter held back only by earlier waiters is "
+        '"queued".</p>\n'
+        f'<ul class="chains">\n{items}</ul>\n'
+    )
 
 
 def _contended_table(forensics: Forensics) -> str:
@@ -261,7 +504,9 @@ def _contended_table(forensics: Forensics) -> str:
         ]
         for key in forensics.contended
     ]
-    return _table(["Database", "Key", "Name", "Holders", "Waiters"], rows)
+    headings = [("Database", "12%"), ("Key", "18%"), ("Name", "15%"), ("Holders", ""),
+                ("Waiters", "")]  # fmt: skip
+    return _table(headings, rows)
 
 
 def _document(title: str, body: str) -> str:
@@ -300,6 +545,7 @@ def _html_parts(forensics: Forensics) -> tuple[str, str]:
     body = (
         f"<h1>Advisory locks of <code>{target}</code></h1>\n"
         + "".join(f'<p class="note">{note}</p>\n' for note in notes)
+        + f"<h2>Who blocks whom</h2>\n{_chains(forensics)}"
         + f"<h2>Waiters ({len(forensics.waiters)})</h2>\n{_waiters_table(forensics)}"
         + f"<h2>Holders ({len(forensics.holders)})</h2>\n{_holders_table(forensics)}"
         + f"<h2>Contended keys ({len(forensics.contended)})</h2>\n{_contended_table(forensics)}"

@@ -48,6 +48,21 @@ class Thresholds(Strict):
     lock_table_warning: float = Field(0.6, gt=0, le=1, description="share of capacity")
     lock_table_critical: float = Field(0.8, gt=0, le=1, description="share of capacity")
     lock_table_for: Duration = Field(120, description="how long the table must stay that full")
+    lock_table_forecast_horizon: Duration = Field(
+        14400, description="the lock table forecast to be full within this long pages"
+    )
+    lock_table_forecast_window: Duration = Field(
+        21600, description="the forecast's growth rate is measured over this long"
+    )
+    lock_table_forecast_smoothing: Duration = Field(
+        900,
+        description="the growth is that of the lowest fill over this long, so that locks "
+        "taken and released within it (one transaction's) do not count",
+    )
+    lock_table_forecast_min_fill: float = Field(
+        0.3, ge=0, lt=1, description="the lowest fill must be above this share of capacity"
+    )
+    lock_table_forecast_for: Duration = Field(900, description="how long the forecast must last")
     backend_lock_budget: float = Field(
         1.0, gt=0, description="advisory locks of one backend, in max_locks_per_transaction"
     )
@@ -255,6 +270,40 @@ class _Rules:
                 ("critical", "lock_table_critical"),
             )
         ]
+        # The forecast: the time until the table's peak of the last `smoothing` reaches its
+        # capacity, at the growth rate over the `window` of its lowest fill over `smoothing`
+        # (entries that stay); a sawtooth of locks taken and released within one transaction
+        # has a flat lowest fill, and grows nothing. It must still be growing (its lowest
+        # fill above the one `smoothing` earlier), and fuller than `min_fill`.
+        smoothing = v.duration("lock_table_forecast_smoothing")
+        fill = (
+            f"({t.sel('pg_advisory_lock_table_entries')} "
+            f"/ {t.sel('pg_advisory_lock_table_capacity')})"
+        )
+        lowest = f"min_over_time({fill}[{smoothing}:1m])"
+        lock_table.append(
+            t.alert(
+                "PgLockTableExhaustionForecast",
+                f"clamp_min(1 - max_over_time({fill}[{smoothing}:1m]), 0) "
+                f"/ (deriv({lowest}[{v.duration('lock_table_forecast_window')}:5m]) > 0) "
+                f"< {v.seconds('lock_table_forecast_horizon')} "
+                f"and {lowest} > {v.number('lock_table_forecast_min_fill')} "
+                f"and {lowest} > min_over_time({fill}[{smoothing}:1m] offset {smoothing})",
+                for_="lock_table_forecast_for",
+                severity="critical",
+                summary="The lock table of {{ $labels.target }} will be full in about "
+                "{{ $value | humanizeDuration }}",
+                description="The entries that stay in the shared lock table of "
+                "{{ $labels.target }} (its lowest fill over "
+                f"{smoothing}) have grown over the last "
+                f"{v.duration('lock_table_forecast_window')}: at that rate its peaks reach "
+                "the nominal capacity in about {{ $value | humanizeDuration }}, and then no "
+                "session can take any lock (ERROR: out of shared memory). Most likely locks "
+                "that are never released (session locks left on pooled connections, a "
+                "registry of keys that only grows). Threshold "
+                f"{v.duration('lock_table_forecast_horizon')}.",
+            )
+        )
         return [
             t.alert(
                 "PgAdvisoryLockLeaked",

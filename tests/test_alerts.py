@@ -23,6 +23,7 @@ CONTRACT_ALERTS = {
     "PgAdvisoryLockWaitTooLong",
     "PgAdvisoryLockWaitersPiling",
     "PgLockTableNearlyFull",
+    "PgLockTableExhaustionForecast",
     "PgAdvisoryBackendOverLockBudget",
     "PgAdvisoryDeadlocks",
     "PgAdvisoryTargetDown",

@@ -28,7 +28,13 @@ from pg_advisory_exporter.forensics import (
     conflicts,
 )
 from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
-from pg_advisory_exporter.locks_page import Page, forensics_json, render
+from pg_advisory_exporter.locks_page import (
+    CHAIN_DEPTH,
+    Page,
+    blocking_chains,
+    forensics_json,
+    render,
+)
 from pg_advisory_exporter.poolers import PooledBackend, PoolerView
 from pg_advisory_exporter.registry import KeyConfig, Registry
 
@@ -246,8 +252,10 @@ def test_the_page_says_states_and_ages_as_check_and_the_metrics_do() -> None:
     waiter = forensic_backend(3, _lock(1, waiting_since=25), state="active")
     found = _read(in_tx, hidden, waiter)
     text = page_html(found, 2.25)
-    assert "<td>idle_in_transaction</td><td>1h2m5s</td>" in text
-    assert "<td>idle</td><td>unknown</td>" in text
+    # A holder's state, for how long, and its locks' level, a line each in one cell.
+    state = '<td><span class="line"><span class="state">{}</span></span><span class="line">'
+    assert state.format("idle_in_transaction") + '<span class="note">for</span> 1h2m5s' in text
+    assert state.format("idle") + '<span class="note">for</span> unknown' in text
     assert "<td>1m15s</td>" in text  # the wait
     assert "(2s200ms ago)" in text
     page = page_json(found, 2.25)
@@ -360,3 +368,60 @@ def test_an_error_is_rendered_without_an_age() -> None:
     assert json.loads(b"".join(page.body(2.0))) == {"target": "main", "error": "connection refused"}
     text = b"".join(render("main", answer, as_json=False).body(2.0)).decode()
     assert "Cannot read the server: connection refused" in text
+
+
+def _forest(nodes: Sequence[Any]) -> list[Any]:
+    return [(n.pid, n.repeat, _forest(n.waiters)) for n in nodes]
+
+
+def test_chains_nest_each_waiter_under_its_blockers_and_show_a_cycle_once() -> None:
+    # 1 holds 10; 2 holds 20 and waits for 10; 3 waits for 20; 4 and 5 wait for each other
+    # (a deadlock the server has not broken yet), 6 waits for 5.
+    head = forensic_backend(1, _lock(10))
+    middle = forensic_backend(2, _lock(20), _lock(10, waiting_since=1), state="active")
+    tail = forensic_backend(3, _lock(20, waiting_since=2), state="active")
+    one = forensic_backend(4, _lock(40), _lock(50, waiting_since=3), state="active")
+    other = forensic_backend(5, _lock(50), _lock(40, waiting_since=4), state="active")
+    late = forensic_backend(6, _lock(50, waiting_since=5), state="active")
+    found = _read(head, middle, tail, one, other, late)
+    assert _forest(blocking_chains(found.waiters)) == [
+        (1, None, [(2, None, [(3, None, [])])]),
+        (4, None, [(5, None, [(4, "cycle", []), (6, None, [])])]),
+    ]
+    page = page_json(found, 0.0)
+    [first, second] = page["blocking_chains"]
+    assert (first["pid"], first["awaits"]) == (1, None)
+    assert first["waiters"][0]["awaits"]["key"] == "10"
+    assert second["waiters"][0]["waiters"][0]["repeat"] == "cycle"
+    assert "a deadlock" in page_html(found, 0.0)
+
+
+def test_a_waiter_under_two_blockers_is_shown_in_full_once() -> None:
+    readers = [forensic_backend(pid, _lock(7, "share")) for pid in (1, 2)]
+    writer = forensic_backend(3, _lock(7, waiting_since=5), state="active")
+    reader = forensic_backend(4, _lock(7, "share", waiting_since=20), state="active")
+    chains = blocking_chains(_read(*readers, writer, reader).waiters)
+    assert _forest(chains) == [
+        (1, None, [(3, None, [(4, None, [])])]),
+        (2, None, [(3, "seen", [])]),
+    ]
+    assert chains[0].waiters[0].waiters[0].queued  # behind the writer, not a holder
+
+
+def test_a_chain_deeper_than_the_page_nests_goes_on_at_a_root_of_its_own() -> None:
+    # Backend i holds key i and waits for key i - 1: a chain of 100 under backend 0.
+    chain = [forensic_backend(0, _lock(0))] + [
+        forensic_backend(i, _lock(i), _lock(i - 1, waiting_since=i / 10), state="active")
+        for i in range(1, 100)
+    ]
+    found = _read(*chain)
+    roots = blocking_chains(found.waiters)
+    assert [root.pid for root in roots] == list(range(0, 100, CHAIN_DEPTH))
+
+    def full(node: Any) -> list[int]:
+        here = [node.pid] if node.repeat is None else []
+        return here + [pid for child in node.waiters for pid in full(child)]
+
+    assert sorted(pid for root in roots for pid in full(root)) == list(range(100))
+    assert len(page_json(found, 0.0)["blocking_chains"]) == len(roots)
+    assert "(its waiters: below, from here on)" in page_html(found, 0.0)

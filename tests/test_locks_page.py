@@ -12,7 +12,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,213 @@ def test_chromium_renders_the_page(
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert len(data) > 10_000, f"a {len(data)}-byte screenshot is blank"
+
+
+# -- At a glance: a demo-like server (devtools/demo.py's bulk import) and a chain of waits ----
+
+BULK_NAMESPACE, BULK_LOCKS = 900000, 2000
+CHAIN_KEY = 77  # the middle of the chain holds it; the tail waits for it
+
+
+@dataclass
+class Glance:
+    bulk: int  # holds BULK_LOCKS keys of the namespace, in a transaction
+    checker: int  # waits for the bulk import's last key
+    head: int  # holds KEY
+    middle: int  # holds CHAIN_KEY, waits for KEY
+    tail: int  # waits for CHAIN_KEY
+
+
+@pytest.fixture
+def glance(pg: EmbeddedPostgres, session: Session) -> Glance:
+    """A chain tail <- middle <- head, and a bulk import that one backend waits for."""
+    bulk = session("bulk-import", autocommit=False)
+    bulk.execute(
+        "SELECT count(pg_advisory_xact_lock(%s, i)) FROM generate_series(1, %s) AS i",
+        (BULK_NAMESPACE, BULK_LOCKS),
+    )
+    checker = session("import-checker")
+    block_on(pg, checker, f"SELECT pg_advisory_lock({BULK_NAMESPACE}, {BULK_LOCKS})")
+    head = session("billing-worker")
+    head.execute(f"SELECT pg_advisory_lock({KEY})")
+    middle = session("billing-middle")
+    middle.execute(f"SELECT pg_advisory_lock({CHAIN_KEY})")
+    block_on(pg, middle, f"SELECT pg_advisory_lock({KEY})")
+    tail = session("billing-tail")
+    block_on(pg, tail, f"SELECT pg_advisory_lock({CHAIN_KEY})")
+    pids = [conn.info.backend_pid for conn in (bulk, checker, head, middle, tail)]
+    return Glance(*pids)  # the session fixture cancels and closes them all
+
+
+def _glance_config(dsn: str) -> Config:
+    config = _config(dsn)
+    config["keys"].append({"name": "bulk_import", "namespace": BULK_NAMESPACE})
+    return config
+
+
+@dataclass
+class Element:
+    """An element of a parsed page: enough of a DOM to assert its structure."""
+
+    tag: str
+    attrs: dict[str, str]
+    children: list[Element | str] = field(default_factory=list)
+
+    @property
+    def classes(self) -> set[str]:
+        return set(self.attrs.get("class", "").split())
+
+    def text(self) -> str:
+        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
+
+    def elements(self) -> list[Element]:
+        return [c for c in self.children if isinstance(c, Element)]
+
+    def find_all(self, tag: str, cls: str | None = None, *, deep: bool = True) -> list[Element]:
+        found = []
+        for child in self.elements():
+            if child.tag == tag and (cls is None or cls in child.classes):
+                found.append(child)
+            if deep:
+                found += child.find_all(tag, cls)
+        return found
+
+    def find(self, tag: str, cls: str | None = None) -> Element:
+        [only] = self.find_all(tag, cls)
+        return only
+
+
+_VOID = frozenset({"meta", "col", "br", "link", "img", "input"})
+
+
+class _Parser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Element("#document", {})
+        self.stack = [self.root]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element = Element(tag, {name: value or "" for name, value in attrs})
+        self.stack[-1].children.append(element)
+        if tag not in _VOID:
+            self.stack.append(element)
+
+    def handle_endtag(self, tag: str) -> None:
+        assert tag in [e.tag for e in self.stack], f"</{tag}> closes nothing"
+        while self.stack.pop().tag != tag:
+            pass
+
+    def handle_data(self, data: str) -> None:
+        self.stack[-1].children.append(data)
+
+
+def parse_html(page: str) -> Element:
+    parser = _Parser()
+    parser.feed(page)
+    parser.close()
+    assert parser.stack == [parser.root], "unclosed elements"
+    return parser.root
+
+
+def _row(table: Element, pid: int) -> list[Element]:
+    [row] = [r for r in table.find_all("tr") if r.elements()[0].text() == str(pid)]
+    return row.find_all("td", deep=False)
+
+
+def _tree(item: Element) -> tuple[int, list[Any]]:
+    """A chain's list item as (pid, [its waiters' trees])."""
+    nested = item.find_all("ul", deep=False)
+    waiters = [_tree(li) for ul in nested for li in ul.find_all("li", deep=False)]
+    return int(item.attrs["data-pid"]), waiters
+
+
+@pytest.mark.any_version  # the page's layout
+def test_the_page_at_a_glance_shows_the_chain_first_and_a_bulk_holder_in_one_line(
+    start_exporter: StartExporter, monitor_dsn: str, glance: Glance
+) -> None:
+    exporter = start_exporter(config=_glance_config(monitor_dsn))
+    status, page = exporter.get("/locks?target=main")
+    assert status == 200
+    document = parse_html(page)
+    headings = [h.text() for h in document.find_all("h2")]
+    assert headings[0] == "Who blocks whom"
+    # Each waiter under its blockers, from the head blockers down.
+    chains = document.find("ul", "chains")
+    forest = [_tree(li) for li in chains.find_all("li", deep=False)]
+    assert (glance.head, [(glance.middle, [(glance.tail, [])])]) in forest
+    assert (glance.bulk, [(glance.checker, [])]) in forest
+    assert len(forest) == 2
+
+    # The bulk import: one row, its keys counted per group, the awaited one outside the
+    # disclosure, all those read inside it.
+    holders = document.find_all("table")[1]
+    cells = _row(holders, glance.bulk)
+    assert cells[1].text() == f"{BULK_LOCKS:,}"
+    keys = cells[2]
+    groups = keys.find("ul", "groups").find_all("li")
+    assert [(g.find("span", "group").text(), g.find("span", "count").text()) for g in groups] == [
+        ("bulk_import", str(LOCKS_PER_BACKEND))
+    ]
+    assert (
+        f"{BULK_LOCKS - LOCKS_PER_BACKEND:,} more not read" in keys.find("span", "summary").text()
+    )
+    assert f"({BULK_NAMESPACE}, {BULK_LOCKS})" in keys.find("span", "contended").text()
+    assert len(keys.find("span", "first").find_all("code")) == 5
+    details = keys.find("details")
+    assert (
+        details.find("summary").text() == f"all {LOCKS_PER_BACKEND} keys read (of {BULK_LOCKS:,})"
+    )
+    assert len(details.find("ol", "keys").find_all("li")) == LOCKS_PER_BACKEND
+    # The middle of the chain holds one key that the tail awaits, and awaits one itself.
+    middle = _row(holders, glance.middle)[2]
+    assert str(CHAIN_KEY) in middle.find("span", "contended").text()
+    assert str(KEY) in middle.find("span", "awaits").text()
+    assert middle.find_all("details") == []
+
+    found = _json(exporter)
+    [bulk] = [h for h in found["holders"] if h["pid"] == glance.bulk]
+    assert bulk["key_groups"] == [{"group": "bulk_import", "locks": LOCKS_PER_BACKEND}]
+    assert bulk["locks_left_out"] == BULK_LOCKS - LOCKS_PER_BACKEND
+    [head] = [c for c in found["blocking_chains"] if c["pid"] == glance.head]
+    assert head["awaits"] is None
+    [middle_node] = head["waiters"]
+    assert (middle_node["pid"], middle_node["awaits"]["key"]) == (glance.middle, str(KEY))
+    [tail] = middle_node["waiters"]
+    assert (tail["pid"], tail["awaits"]["key"], tail["waiters"]) == (
+        glance.tail, str(CHAIN_KEY), []
+    )  # fmt: skip
+
+
+# Written into the title once the page has loaded: in a copy of the page read from a file,
+# since the page itself runs no script (its Content-Security-Policy, sent as a header, forbids
+# any, and a file has no header).
+_MEASURE = (
+    "<script>addEventListener('load', () => { document.title = 'width ' + "
+    "document.documentElement.scrollWidth; });</script>"
+)
+
+
+@pytest.mark.any_version  # the page in a browser
+def test_the_demo_like_page_fits_a_1280_px_window(
+    start_exporter: StartExporter, monitor_dsn: str, glance: Glance, chromium: str, tmp_path: Path
+) -> None:
+    exporter = start_exporter(config=_glance_config(monitor_dsn))
+    status, page = exporter.get("/locks?target=main")
+    assert status == 200
+    copy = tmp_path / "locks.html"
+    copy.write_text(page.replace("</body>", _MEASURE + "</body>"))
+    dom = _chromium(
+        chromium, tmp_path, "--window-size=1280,2000", "--dump-dom", copy.as_uri()
+    ).stdout
+    title = parse_html(dom).find("title").text()
+    assert title.startswith("width "), title
+    assert int(title.removeprefix("width ")) <= 1280, "the page scrolls sideways"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    png = ARTIFACTS / "locks-page-at-a-glance.png"
+    png.unlink(missing_ok=True)
+    url = f"{exporter.base}/locks?target=main"
+    _chromium(chromium, tmp_path, f"--screenshot={png}", "--window-size=1280,1400", url)
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def _chromium(binary: str, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
