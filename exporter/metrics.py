@@ -324,17 +324,19 @@ class _Group:
     backend_locks_max: int = 0
 
     def add(self, backend: BackendLocks, long_lived: bool) -> None:
-        for mode, held in (("exclusive", backend.held_exclusive), ("share", backend.held_share)):
-            if held:
-                self.locks[mode, "true"] += held
+        exclusive, share = backend.held_exclusive, backend.held_share
+        if exclusive:
+            self.locks["exclusive", "true"] += exclusive
+        if share:
+            self.locks["share", "true"] += share
         if backend.awaited_mode is not None:
             self.locks[mode_word(backend.awaited_mode), "false"] += 1
             self.waiters += 1
             self.wait_max = max(self.wait_max, backend.wait_seconds or 0.0)
-        if backend.held:
+        if held := exclusive + share:
             state = state_word(backend.state, not backend.in_transaction)
             self.holders[state] += 1
-            self.backend_locks_max = max(self.backend_locks_max, backend.held)
+            self.backend_locks_max = max(self.backend_locks_max, held)
             # A long-lived key (a leader's) is held while idle on purpose: never a leak.
             if state in IDLE_STATES and backend.state_seconds is not None and not long_lived:
                 self.idle_max[state] = max(self.idle_max.get(state, 0.0), backend.state_seconds)
@@ -360,6 +362,8 @@ class KeyGroup:
 
 def counted_uses(backend: BackendLocks, registry: Registry) -> list[tuple[RegisteredKey, KeyUse]]:
     """The backend's registered keys, in the databases each key is registered for."""
+    if not backend.registered:  # most backends: once per backend and collection
+        return []
     pairs = [(registry.keys[use.key_index], use) for use in backend.registered]
     return [
         (key, use)

@@ -4,6 +4,7 @@ when its locks are certainly session-level and when they are stranded."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 from .poolers import PooledBackend
@@ -39,8 +40,13 @@ def state_word(state: str | None, outside_transaction: bool) -> str:
     runs in one, and pg_locks shows that to any role), else "unknown".
     """
     if state is not None:
-        return "_".join(re.findall(r"[a-z0-9]+", state.lower()))
+        return _snake_case(state)
     return "idle" if outside_transaction else UNKNOWN
+
+
+@functools.lru_cache(maxsize=64)  # a handful of states, met at every collection per backend
+def _snake_case(state: str) -> str:
+    return "_".join(re.findall(r"[a-z0-9]+", state.lower()))
 
 
 def level_word(session_level: bool) -> str:
