@@ -36,7 +36,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from .appnames import RewriteRule, compile_pattern, parse_template
 from .catalog import CatalogChoice
-from .discovery import AllowList, IpAddress, TargetAddress, parse_allowed
+from .discovery import DBNAME_PATTERN, AllowList, IpAddress, TargetAddress, parse_allowed
 from .dsn import Dsn, check_password_source, with_password
 from .endpoints import RESERVED_PATHS
 from .registry import KeyConfig, check_configs
@@ -323,7 +323,7 @@ AUTH_MODULE_OPTIONS = frozenset(
         "krbsrvname",
     }
 )
-_DBNAME = r"^[A-Za-z0-9_][A-Za-z0-9_$.-]{0,62}$"
+_DBNAME = rf"^{DBNAME_PATTERN}$"
 
 
 class AuthModuleConfig(Strict):

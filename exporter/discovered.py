@@ -14,7 +14,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from .config import AuthModuleSettings, DiscoveredTargetsSettings, TargetSettings
-from .discovery import IpAddress, Refused, TargetAddress, parse_target, resolve
+from .discovery import AllowList, IpAddress, Refused, TargetAddress, parse_target, resolve
 from .metrics import Sample, families
 from .target import Target
 
@@ -73,7 +73,8 @@ class DiscoveredTargets:
         settings: DiscoveredTargetsSettings,
     ) -> None:
         self._make_target = make_target
-        self._modules = dict(modules)
+        # Each module with its allow-list, parsed here and on reload rather than per probe.
+        self._modules = _with_allow_lists(modules)
         self._settings = settings
         self._lock = threading.Lock()
         # By module and name: two modules that name one server each keep their own.
@@ -84,17 +85,17 @@ class DiscoveredTargets:
 
     def probe(self, target: str, module_name: str) -> Target | ProbeRefused:
         """The target to collect for this probe, or why it is refused."""
-        module = self._modules.get(module_name)
-        if module is None:
+        found = self._modules.get(module_name)
+        if found is None:
             known = ", ".join(self._modules) or "none are configured"
             return self._refuse(
                 Refusal.UNKNOWN_AUTH_MODULE, f"unknown auth_module {module_name!r} ({known})"
             )
+        module, allowed = found
         try:
             address = parse_target(target, module.dbname)
         except Refused as exc:
             return self._refuse(Refusal.MALFORMED_TARGET, str(exc))
-        allowed = module.allow_list()
         refused = f"{address.name} is not in the allowed_targets of auth module {module.name!r}"
         # A name that no entry could allow is not even looked up.
         if isinstance(address.host, str) and not allowed.may_resolve(address.host, address.port):
@@ -152,8 +153,8 @@ class DiscoveredTargets:
         """Take a reloaded configuration: a module removed or changed closes its targets
         (the next probe checks them against the module as it is now)."""
         with self._lock:
-            changed = {n for n, m in self._modules.items() if modules.get(n) != m}
-            self._modules, self._settings = dict(modules), settings
+            changed = {n for n, (m, _) in self._modules.items() if modules.get(n) != m}
+            self._modules, self._settings = _with_allow_lists(modules), settings
             gone = [key for key in self._kept if key[0] in changed]
             closed = [self._kept.pop(key).target for key in gone]
         self._close(closed, "its auth module changed")
@@ -198,6 +199,12 @@ class DiscoveredTargets:
             Sample("pg_advisory_exporter_probe_refusals_total", (refusal.reason,), total)
             for refusal, total in refusals.items()
         ]
+
+
+def _with_allow_lists(
+    modules: Mapping[str, AuthModuleSettings],
+) -> dict[str, tuple[AuthModuleSettings, AllowList]]:
+    return {name: (module, module.allow_list()) for name, module in modules.items()}
 
 
 class DiscoveredCollector(Collector):

@@ -23,7 +23,8 @@ _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
 _PATTERN = re.compile(rf"(?:\*\.)?{_LABEL}(?:\.{_LABEL})*")
 # A database name as a URL carries it: PostgreSQL allows more, a probe URL needs no more.
-_DBNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_$.-]{0,62}")
+DBNAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_$.-]{0,62}"
+_DBNAME = re.compile(DBNAME_PATTERN)
 _PORT = re.compile(r"[0-9]{1,5}")
 # HOST (a name, an IPv4 address or [IPv6]), then :PORT, then /DBNAME, each optional after HOST.
 _TARGET = re.compile(r"(?P<host>\[[^\]]*\]|[^:/\[\]]+)(?::(?P<port>[^/]*))?(?:/(?P<dbname>.*))?")

@@ -419,8 +419,10 @@ def _pooler_samples(
     """
     entries: dict[tuple[str, str, str, str], int] = defaultdict(int)
     for backend, label in zip(snapshot.backends, labels, strict=True):
-        pooled = owner(poolers, backend.pid, backend.client_addr, backend.client_port)
         session_level = certainly_session_level(not backend.in_transaction, backend.state)
+        if not backend.held or not session_level:
+            continue  # never stranded: no pooler lookup for it
+        pooled = owner(poolers, backend.pid, backend.client_addr, backend.client_port)
         if pooled is not None and stranded(backend.held, session_level, pooled):
             entries[backend.datname, label, pooled.pooler, pooled.pool] += backend.held
     samples = [Sample("pg_advisory_pooler_up", (target, p.name), p.up) for p in poolers]

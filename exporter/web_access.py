@@ -88,7 +88,8 @@ class WebAccess:
         self._settings = settings
         self._stamp = _stamp(settings.files)
         self._reload_lock = threading.Lock()
-        self.last_reload_successful = True  # for pg_advisory_exporter_web_config_last_reload_*
+        # pg_advisory_exporter_web_config_last_reload_successful
+        self.last_reload_successful = True
         self._checks = threading.BoundedSemaphore(_CHECKS_AT_ONCE)
         self._digest_key = os.urandom(32)  # a digest kept in memory is no password hash to crack
         self._verified: dict[str, tuple[bytes, bytes]] = {}  # user: (hash, password's digest)

@@ -258,12 +258,20 @@ def test_without_cancel_an_interrupt_only_wakes_the_user(opened: Opened) -> None
     assert not opened[0].closed  # its user closes it
 
 
-def test_an_interrupt_without_a_connection_does_nothing(opened: Opened) -> None:
+def test_an_interrupt_without_a_connection_does_nothing(
+    opened: Opened, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kept = _kept(opened)
+    interrupted: list[psycopg.Connection[Any]] = []
+    monkeypatch.setattr(kept, "_interrupt", interrupted.append)
     kept.interrupt()
     kept.get()
     kept.drop()
     kept.interrupt()
+    for thread in threading.enumerate():  # an interrupt runs in a thread of its own
+        if thread.name == "interrupt":
+            thread.join(2)
+    assert interrupted == []
     assert opened[0].cancels == 0
 
 

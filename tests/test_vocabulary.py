@@ -100,6 +100,21 @@ def test_session_level_certainty(state: str | None, outside: bool) -> None:
     assert certainly_session_level(outside, state) == (outside or state == "idle")
 
 
+@pytest.mark.parametrize(
+    ("state", "outside", "certain"),
+    [
+        ("idle", False, True),  # between transactions: no transaction-level lock can exist
+        (None, True, True),  # hidden state, but no virtual transaction of its own
+        ("active", True, True),
+        ("active", False, False),  # inside a transaction: either kind
+        ("idle in transaction", False, False),
+        (None, False, False),
+    ],
+)
+def test_session_level_certainty_cases(state: str | None, outside: bool, certain: bool) -> None:
+    assert certainly_session_level(outside, state) is certain
+
+
 def _forensics_row(state: str | None, outside: bool) -> dict[str, Any]:
     """One holder of key 1, as the /locks statement returns it."""
     return {
