@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import pytest
-from support import PG_MAJOR
+from support import PG_MAJOR, Session
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.capacity import CapacitySettings, lock_table_capacity, max_backends
 from pg_advisory_exporter.snapshot import read_snapshot
+
+# One backend's entries by kind, read from pg_locks row by row: the oracle for the counts
+# the collection statement derives (every entry less the fast-path ones, less the others).
+_ENTRIES_OF = """
+SELECT count(*) FILTER (WHERE NOT fastpath) AS table_entries,
+       count(*) FILTER (WHERE locktype = 'advisory') AS advisory_entries,
+       count(*) FILTER (WHERE fastpath) AS fastpath_entries,
+       count(*) FILTER (WHERE locktype <> 'advisory' AND NOT fastpath) AS other_table_entries
+FROM pg_catalog.pg_locks WHERE pid = %s
+"""
 
 DEFAULTS = {
     "max_locks_per_transaction": 64,
@@ -91,3 +101,29 @@ def test_capacity_matches_the_running_servers_own_slot_count() -> None:
         server.cleanup()
     assert headers[0] == headers[1], f"slot counts disagree with the server: {headers}"
     assert 0 < headers[0] <= 64, f"implausible Proc Array header of {headers[0]} bytes"
+
+
+def test_entries_leave_out_fast_path_locks_and_count_advisory_ones_apart(
+    pg: EmbeddedPostgres, session: Session
+) -> None:
+    """A backend with every kind of entry: advisory locks (session and transaction level),
+    fast-path relation locks and its virtualxid, and entries of other kinds in the shared
+    table (a relation locked in SHARE mode, its transaction id)."""
+    holder = session("mixed-holder", autocommit=False)
+    holder.execute("SELECT pg_advisory_lock(1), pg_advisory_lock(2, 3)")
+    holder.execute("SELECT pg_advisory_xact_lock_shared(4), pg_catalog.txid_current()")
+    holder.execute("SELECT count(*) FROM pg_catalog.pg_namespace")  # fast-path AccessShare
+    holder.execute("LOCK TABLE pg_catalog.pg_description IN SHARE MODE")  # never fast-path
+    pid = holder.info.backend_pid
+    with pg.connect(application_name="entries-monitor") as conn:
+        snapshot = read_snapshot(conn)
+        row = conn.execute(_ENTRIES_OF, (pid,)).fetchone()
+    assert row is not None
+    table_entries, advisory_entries, fastpath_entries, other_table_entries = row
+    # Every kind is there, so a count that mixed two of them would come out wrong.
+    assert (advisory_entries, fastpath_entries >= 2, other_table_entries >= 2) == (3, True, True)
+    (backend,) = [b for b in snapshot.backends if b.pid == pid]
+    assert (backend.table_entries, backend.advisory_entries) == (table_entries, advisory_entries)
+    assert backend.share_entries == 1
+    assert backend.in_transaction
+    holder.rollback()
