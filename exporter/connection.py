@@ -153,9 +153,11 @@ class ServerConnection(KeptConnection[Session]):
 
     Its user is the target's collection, one at a time, which gets the connection with
     `connection()` within `use()`; other threads interrupt or close it (KeptConnection).
+    A /locks read makes one of its own for that read (`announce` off: it logs no
+    "connected" at each page view).
     """
 
-    def __init__(self, config: TargetSettings) -> None:
+    def __init__(self, config: TargetSettings, *, announce: bool = True) -> None:
         super().__init__(
             self._connect,
             self._prepare,
@@ -163,6 +165,7 @@ class ServerConnection(KeptConnection[Session]):
             cancel=True,
         )
         self.name = config.name
+        self._announce = announce
         self._config = config
         self._settings = config.collection
         # Used by the connection's user only.
@@ -216,7 +219,10 @@ class ServerConnection(KeptConnection[Session]):
         session = prepare_session(
             conn, self._settings, self._config.keys, self._entries, self._note
         )
-        log.info("connected", extra={"target": self.name, "server_version_num": session.version})
+        if self._announce:
+            log.info(
+                "connected", extra={"target": self.name, "server_version_num": session.version}
+            )
         self.role = session.role
         self.registry = session.registry
         self._databases = session.databases

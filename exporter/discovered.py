@@ -116,13 +116,14 @@ class DiscoveredTargets:
         with self._lock:
             key = (module.name, address.name)
             kept = self._kept.get(key)
-            # The address it is connected to while the name still resolves to it (a name
-            # with several, in an order that changes, keeps its connection); else the first.
-            pinned = kept.pinned if kept is not None and kept.pinned in addresses else addresses[0]
-            settings = module.target(address, pinned)
-            if kept is not None and kept.target.config == settings:
+            # Kept while its name still resolves to the address it is connected to (a name
+            # with several, in an order that changes, keeps its connection): its module is
+            # the same (update() closes the targets of one that changed), so its settings are.
+            if kept is not None and kept.pinned in addresses:
                 kept.last_probe = now
                 return kept.target
+            pinned = addresses[0]
+            settings = module.target(address, pinned)
             full = kept is None and len(self._kept) >= self._settings.max
             if not full:  # new, or its name resolves elsewhere now: a new target
                 target = self._make_target(settings)

@@ -16,16 +16,14 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg.rows import dict_row
 
-from . import catalog, vocabulary
+from . import vocabulary
 from .config import LocksPageSettings, TargetSettings
-from .connection import Session, connect_to_server, prepare_session
-from .dsn import redact
-from .kept_connection import CannotCollect, KeptConnection
+from .connection import ServerConnection, Session
+from .kept_connection import CannotCollect
 from .keys import AdvisoryKey
 from .poolers import PooledBackend, Poolers, PoolerView, owner
 from .registry import Registry
 from .scheduling import Watchdog
-from .schema import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -421,23 +419,9 @@ class Unanswered(Exception):
 def new_session(target: TargetSettings, watchdog: Watchdog, seconds: float) -> Iterator[Session]:
     """A new connection of its own, closed at the end, and given up after `seconds` (a
     stopped backend or a hung proxy: the watchdog interrupts it, as a collection's)."""
-    settings = target.collection
-    conninfo = target.dsn
-
-    def connect() -> psycopg.Connection[Any]:
-        nonlocal conninfo
-        conninfo = target.conninfo()
-        return connect_to_server(conninfo, settings)
-
-    entries = catalog.selected(target.catalog)
-    # Kept for this one read only (so never backing off): interrupted and closed as a
-    # collection's connection is.
-    server = KeptConnection(
-        connect,
-        lambda conn: prepare_session(conn, settings, target.keys, entries),
-        backoff_max=settings.reconnect_backoff_max,
-        cancel=True,
-    )
+    # Made for this one read (so never backing off), prepared as the collection's is, and
+    # interrupted and closed as it is.
+    server = ServerConnection(target, announce=False)
     with server.deadline(watchdog, seconds) as expired:
         try:
             try:
@@ -445,9 +429,8 @@ def new_session(target: TargetSettings, watchdog: Watchdog, seconds: float) -> I
             finally:
                 server.close()
         except (psycopg.Error, CannotCollect, ValueError) as exc:
-            late = f"no answer within {format_duration(seconds)}"
-            error = late if expired.is_set() else str(exc).strip()
-            raise Unanswered(redact(error, conninfo)) from None
+            error = server.unanswered(seconds) if expired.is_set() else str(exc).strip()
+            raise Unanswered(server.redact(error)) from None
 
 
 def read_poolers(

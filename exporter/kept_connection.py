@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 import psycopg
 
 from .scheduling import Watchdog
+from .schema import format_duration
 
 APPLICATION_NAME = "pg-advisory-exporter"
 _FIRST_BACKOFF = 1.0  # seconds before a failed connection is tried again; doubles up to a cap
@@ -174,6 +175,11 @@ class KeptConnection(Generic[S]):
         with self._state:
             conn = self._conn
         return conn is None or conn.closed or conn.broken
+
+    @staticmethod
+    def unanswered(seconds: float) -> str:
+        """What to say of a read that deadline() interrupted."""
+        return f"no answer within {format_duration(seconds)}"
 
     @contextlib.contextmanager
     def deadline(self, watchdog: Watchdog, seconds: float) -> Iterator[threading.Event]:

@@ -573,7 +573,10 @@ class Page:
     status: str
     content_type: str
     parts: tuple[bytes, ...]
-    as_json: bool
+
+    @property
+    def as_json(self) -> bool:
+        return self.content_type == _JSON
 
     def body(self, age: float) -> list[bytes]:
         """The chunks to send: the parts themselves, never a copy of them per request."""
@@ -590,15 +593,16 @@ def render(target: str, answer: Answer, as_json: bool) -> Page:
     if forensics is None:
         if as_json:
             error = _compact({"target": target, "error": answer.error})
-            return Page(_UNAVAILABLE, "application/json", (error.encode(),), as_json)
+            return Page(_UNAVAILABLE, _JSON, (error.encode(),))
         page = _error_html(target, answer.error or "")
-        return Page(_UNAVAILABLE, _HTML, (page.encode(),), as_json)
+        return Page(_UNAVAILABLE, _HTML, (page.encode(),))
     if as_json:
-        parts, content_type = _json_parts(forensics), "application/json"
+        parts, content_type = _json_parts(forensics), _JSON
     else:
         parts, content_type = _html_parts(forensics), _HTML
-    return Page("200 OK", content_type, tuple(part.encode() for part in parts), as_json)
+    return Page("200 OK", content_type, tuple(part.encode() for part in parts))
 
 
 _UNAVAILABLE = "503 Service Unavailable"
 _HTML = "text/html; charset=utf-8"
+_JSON = "application/json"

@@ -22,7 +22,6 @@ from .config import CollectionSettings, PoolerConfig
 from .dsn import redact
 from .kept_connection import CannotCollect, KeptConnection, connect
 from .scheduling import Watchdog
-from .schema import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -335,9 +334,7 @@ class _Console:
             # Backed off as a failure already; the connection is closed even if the read
             # ended as the deadline passed.
             self._kept.drop()
-            view = PoolerView(
-                self.config.name, error=f"no answer within {format_duration(seconds)}"
-            )
+            view = PoolerView(self.config.name, error=self._kept.unanswered(seconds))
         self._failure = None if view.up else view
         return view
 
@@ -387,7 +384,7 @@ class Poolers:
         the first call `seconds`, and the calls until its read ends nothing."""
         deadline = time.monotonic() + seconds
         reading = {name: console.start(watchdog) for name, console in self._consoles.items()}
-        late = f"no answer within {format_duration(seconds)}"
+        late = KeptConnection.unanswered(seconds)
         views = []
         for config in self._configs:
             left = max(deadline - time.monotonic(), 0.0)

@@ -21,7 +21,6 @@ from .kept_connection import CannotCollect
 from .metrics import Sample, locks_page_info, server_samples, target_series
 from .poolers import Poolers, PoolerView
 from .scheduling import CollectionPool, Priority, Task, Watchdog
-from .schema import format_duration
 from .snapshot import ServerSnapshot, read_snapshot
 
 log = logging.getLogger(__name__)
@@ -306,9 +305,8 @@ class Target:
             expired = self._expired
         if expired:
             return (
-                "no answer within the collection's deadline "
-                f"({format_duration(self.settings.scrape_wait)}); "
-                "the statement was cancelled and the connection closed"
+                f"{self._server.unanswered(self.settings.scrape_wait)} (the collection's "
+                "deadline); the statement was cancelled and the connection closed"
             )
         return self._server.redact(str(exc).strip())
 

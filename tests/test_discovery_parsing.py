@@ -262,6 +262,26 @@ def test_a_name_keeps_its_connection_while_it_resolves_to_its_address(
     assert "hostaddr=10.0.0.3" in moved.config.dsn
 
 
+def test_a_changed_module_gives_its_kept_targets_new_settings(
+    discovered: DiscoveredTargets, tmp_path: Path
+) -> None:
+    """A kept target is reused without its settings being made again: only because a
+    reload that changes its module closes it, and the next probe makes it anew."""
+    first = discovered.probe("10.0.0.1", "fleet")
+    assert isinstance(first, Target)
+    assert discovered.probe("10.0.0.1", "fleet") is first
+    changed = _load(
+        tmp_path,
+        {"auth_modules": {"fleet": {"user": "auditor", "allowed_targets": ["10.0.0.0/8"]}}},
+    )
+    discovered.update(changed.auth_modules, changed.discovered_targets)
+    again = discovered.probe("10.0.0.1", "fleet")
+    assert isinstance(again, Target)
+    assert again is not first
+    assert "user=auditor" in again.config.dsn
+    assert "user=monitor" in first.config.dsn
+
+
 def test_every_address_of_a_name_is_checked(
     discovered: DiscoveredTargets, monkeypatch: pytest.MonkeyPatch
 ) -> None:
