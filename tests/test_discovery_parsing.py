@@ -262,26 +262,6 @@ def test_a_name_keeps_its_connection_while_it_resolves_to_its_address(
     assert "hostaddr=10.0.0.3" in moved.config.dsn
 
 
-def test_a_changed_module_gives_its_kept_targets_new_settings(
-    discovered: DiscoveredTargets, tmp_path: Path
-) -> None:
-    """A kept target is reused without its settings being made again: only because a
-    reload that changes its module closes it, and the next probe makes it anew."""
-    first = discovered.probe("10.0.0.1", "fleet")
-    assert isinstance(first, Target)
-    assert discovered.probe("10.0.0.1", "fleet") is first
-    changed = _load(
-        tmp_path,
-        {"auth_modules": {"fleet": {"user": "auditor", "allowed_targets": ["10.0.0.0/8"]}}},
-    )
-    discovered.update(changed.auth_modules, changed.discovered_targets)
-    again = discovered.probe("10.0.0.1", "fleet")
-    assert isinstance(again, Target)
-    assert again is not first
-    assert "user=auditor" in again.config.dsn
-    assert "user=monitor" in first.config.dsn
-
-
 def test_every_address_of_a_name_is_checked(
     discovered: DiscoveredTargets, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,13 +289,25 @@ def test_idle_targets_are_forgotten_and_the_cap_frees(discovered: DiscoveredTarg
 
 
 def test_a_changed_module_closes_its_targets(discovered: DiscoveredTargets, tmp_path: Path) -> None:
+    """A kept target is reused without its settings being made again: only because a reload
+    that changes its module closes it, and the next probe makes it anew, or refuses it."""
     kept = discovered.probe("10.0.0.1", "fleet")
     assert isinstance(kept, Target)
-    narrower = _load(
-        tmp_path,
-        {"auth_modules": {"fleet": {"user": "monitor", "allowed_targets": ["10.1.0.0/16"]}}},
-    )
-    discovered.update(narrower.auth_modules, narrower.discovered_targets)
+    assert discovered.probe("10.0.0.1", "fleet") is kept
+
+    def reload(allowed: str) -> None:
+        changed = _load(
+            tmp_path, {"auth_modules": {"fleet": {"user": "auditor", "allowed_targets": [allowed]}}}
+        )
+        discovered.update(changed.auth_modules, changed.discovered_targets)
+
+    reload("10.0.0.0/8")  # another user, the same allow-list
+    again = discovered.probe("10.0.0.1", "fleet")
+    assert isinstance(again, Target)
+    assert again is not kept
+    assert "user=auditor" in again.config.dsn
+    assert "user=monitor" in kept.config.dsn
+    reload("10.1.0.0/16")  # it is no longer allowed
     refused = discovered.probe("10.0.0.1", "fleet")
     assert isinstance(refused, ProbeRefused)
     assert refused.refusal is Refusal.NOT_ALLOWED
