@@ -1,6 +1,6 @@
 """What one collection costs on a server holding many advisory locks.
 
-Run as `python -m benchmarks.collection_cost [--locks 100000] [--backends 100] [--repeat 40]
+Run as `python -m benchmarks.collection_cost [--locks 100000] [--backends 100] [--repeat 100]
 [--pg-version 15] [--json PATH]`. It starts a throwaway PostgreSQL, has `--backends` real
 connections hold `--locks` session-level advisory locks between them, and then measures:
 
@@ -11,12 +11,12 @@ connections hold `--locks` session-level advisory locks between them, and then m
   (the figure of earlier releases), with the built-in catalog's keys as a server of three
   databases gets them (what a target has by default), and with those plus a 10-key
   registry; and the statement of the `/locks` page, which runs only when a person asks;
-- end to end, the real exporter twice: as a target is by default (the built-in catalog, on
-  a server of three databases, no registry of its own), then with the 10-key registry as
-  well. For each, the collection time it reports itself
+- end to end, two real exporters running side by side: one as a target is by default (the
+  built-in catalog, on a server of three databases, no registry of its own), one with the
+  10-key registry as well. For each, the collection time it reports itself
   (`pg_advisory_exporter_collect_duration_seconds`: the statement, fetching its rows and
   mapping them to series) at each of `--repeat` scrapes, each scrape a real collection
-  right after a run of the baseline, and its peak memory (VmHWM) after them.
+  between two runs of the baseline, the two scraped in turn; and their peak memory (VmHWM).
 
 Progress goes to stderr, results to stdout (and to `--json PATH`). The exit status is 0
 whether or not the aims are met: a benchmark reports, it does not judge.
@@ -36,7 +36,7 @@ import tempfile
 import time
 import urllib.request
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -340,14 +340,14 @@ def time_statements(conn: Connection, repeat: int) -> Timings:
 @dataclass(frozen=True)
 class ExporterRun:
     """The real exporter, scraped `scrapes` times after it first reported the target up,
-    each scrape right after a run of the baseline."""
+    each scrape between two runs of the baseline."""
 
     label: str  # what the target is configured with
     scrapes: int
     peak_rss_mb: float  # VmHWM
     rss_mb: float  # VmRSS at the end
     collect_duration_ms: list[float]  # as the exporter reports them
-    baseline_ms: list[float]  # the baseline run before each scrape
+    baseline_ms: list[float]  # the mean of the baseline runs just before and after each scrape
     scrape_median_ms: float  # client side, HTTP included
 
     @property
@@ -447,11 +447,31 @@ def exporter_config(dsn: str, keys: Sequence[KeyConfig]) -> dict[str, Any]:
     return config
 
 
-def run_exporter(
-    dsn: str, setup: ExporterSetup, repeat: int, baseline: Callable[[], float]
-) -> ExporterRun:
-    """Scrape the real exporter `repeat` times (after warm-up), each scrape a collection,
-    with `baseline` (its time in ms) run just before each."""
+@dataclass(frozen=True)
+class _Exporter:
+    """One running exporter process, configured with `setup`."""
+
+    setup: ExporterSetup
+    process: subprocess.Popen[bytes]
+    url: str
+
+    def scrape(self) -> tuple[float, float]:
+        """One scrape, one real collection: its duration as the exporter reports it, and
+        the scrape's wall time (HTTP included), in ms."""
+        started = time.perf_counter()
+        text = _scrape(self.url)
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        if _sample(text, UP_METRIC) != 1.0:
+            raise RuntimeError(f"{self.setup.label}: the exporter reports the target down")
+        duration = _sample(text, COLLECT_DURATION_METRIC)
+        if duration is None:
+            raise RuntimeError(f"{self.setup.label}: no {COLLECT_DURATION_METRIC}")
+        return duration * 1000.0, elapsed_ms
+
+
+@contextlib.contextmanager
+def _running_exporter(dsn: str, setup: ExporterSetup) -> Iterator[_Exporter]:
+    """The real exporter, up and reporting its target, stopped at the end."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     root = Path(__file__).resolve().parent.parent
@@ -470,44 +490,55 @@ def run_exporter(
             "--web.listen-address", f"127.0.0.1:{port}",
             "--collection.min-interval", EXPORTER_MIN_INTERVAL,
         ]  # fmt: skip
-        log_path = Path(log.name)
         process = subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_until_up(process, url, log_path)
-            progress(
-                f"exporter (pid {process.pid}, {setup.label}) is up; scraping {url} "
-                f"{WARMUP_ROUNDS} + {repeat} times, interleaved with the baseline"
-            )
-            durations_ms: list[float] = []
-            baseline_ms: list[float] = []
-            scrape_ms: list[float] = []
-            for i in range(-WARMUP_ROUNDS, repeat):
-                b_ms = baseline()
-                started = time.perf_counter()
-                text = _scrape(url)
-                elapsed_ms = (time.perf_counter() - started) * 1000.0
-                if _sample(text, UP_METRIC) != 1.0:
-                    raise RuntimeError(f"scrape {i + 1}: the exporter reports the target down")
-                duration = _sample(text, COLLECT_DURATION_METRIC)
-                if duration is None:
-                    raise RuntimeError(f"scrape {i + 1}: no {COLLECT_DURATION_METRIC}")
-                if i >= 0:
-                    scrape_ms.append(elapsed_ms)
-                    baseline_ms.append(b_ms)
-                    durations_ms.append(duration * 1000.0)
-            peak = _proc_status_mb(process.pid, "VmHWM")
-            rss = _proc_status_mb(process.pid, "VmRSS")
+            _wait_until_up(process, url, Path(log.name))
+            progress(f"exporter (pid {process.pid}, {setup.label}) is up at {url}")
+            yield _Exporter(setup, process, url)
         finally:
             _stop(process)
-    return ExporterRun(
-        label=setup.label,
-        scrapes=repeat,
-        peak_rss_mb=peak,
-        rss_mb=rss,
-        collect_duration_ms=durations_ms,
-        baseline_ms=baseline_ms,
-        scrape_median_ms=statistics.median(scrape_ms),
-    )
+
+
+def run_end_to_end(dsn: str, repeat: int, baseline: Callable[[], float]) -> tuple[ExporterRun, ...]:
+    """An exporter per EXPORTER_SETUPS, all running, scraped in turn `repeat` times each
+    (after warm-up), each scrape between two runs of `baseline` (its time in ms)."""
+    with contextlib.ExitStack() as running:
+        exporters = [running.enter_context(_running_exporter(dsn, s)) for s in EXPORTER_SETUPS]
+        progress(
+            f"scraping each exporter {WARMUP_ROUNDS} + {repeat} times, in turn, each scrape "
+            "between two runs of the baseline"
+        )
+        durations: list[list[float]] = [[] for _ in exporters]
+        baselines: list[list[float]] = [[] for _ in exporters]
+        walls: list[list[float]] = [[] for _ in exporters]
+        # Each scrape is compared with the mean of the baseline runs just before and just
+        # after it: the floor as it was while the collection ran, whichever way the
+        # machine's load drifted. All setups are scraped in the same rounds, each round
+        # starting with the next one, so that they see the same stretches of that load
+        # and none always comes first.
+        for round_ in range(-WARMUP_ROUNDS, repeat):
+            first = round_ % len(exporters)
+            before = baseline()
+            for i in [*range(first, len(exporters)), *range(first)]:
+                duration_ms, wall_ms = exporters[i].scrape()
+                after = baseline()
+                if round_ >= 0:
+                    durations[i].append(duration_ms)
+                    baselines[i].append((before + after) / 2)
+                    walls[i].append(wall_ms)
+                before = after
+        return tuple(
+            ExporterRun(
+                label=exporter.setup.label,
+                scrapes=repeat,
+                peak_rss_mb=_proc_status_mb(exporter.process.pid, "VmHWM"),
+                rss_mb=_proc_status_mb(exporter.process.pid, "VmRSS"),
+                collect_duration_ms=durations[i],
+                baseline_ms=baselines[i],
+                scrape_median_ms=statistics.median(walls[i]),
+            )
+            for i, exporter in enumerate(exporters)
+        )
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -656,7 +687,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--locks", type=_positive, default=100_000, help="advisory locks held")
     parser.add_argument("--backends", type=_positive, default=100, help="backends holding them")
-    parser.add_argument("--repeat", type=_positive, default=40, help="timed runs and scrapes")
+    parser.add_argument("--repeat", type=_positive, default=100, help="timed runs and scrapes")
     parser.add_argument("--pg-version", type=int, default=DEFAULT_MAJOR, help="major version")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
     args = parser.parse_args(argv)
@@ -696,14 +727,9 @@ def run(locks: int, backends: int, repeat: int, pg_version: int) -> Result:
 
             progress(f"timing, interleaved: {WARMUP_ROUNDS} warm-up + {repeat} rounds")
             timings = time_statements(timing_conn, repeat)
-            exporters = tuple(
-                run_exporter(
-                    pg.dsn(),
-                    setup,
-                    repeat,
-                    lambda: _timed(lambda: scalar(timing_conn, BASELINE_SQL))[0],
-                )
-                for setup in EXPORTER_SETUPS
+            progress("starting the exporters")
+            exporters = run_end_to_end(
+                pg.dsn(), repeat, lambda: _timed(lambda: scalar(timing_conn, BASELINE_SQL))[0]
             )
             progress("closing the backends")
         return Result(

@@ -417,6 +417,8 @@ def _pooler_samples(
     A pooler that was read gets a 0 when nothing is stranded behind it, so that the series'
     absence means "not watched"; one that could not be read gets neither.
     """
+    if not poolers:
+        return []
     entries: dict[tuple[str, str, str, str], int] = defaultdict(int)
     for backend, label in zip(snapshot.backends, labels, strict=True):
         session_level = certainly_session_level(not backend.in_transaction, backend.state)
