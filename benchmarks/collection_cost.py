@@ -351,10 +351,6 @@ class ExporterRun:
     scrape_median_ms: float  # client side, HTTP included
 
     @property
-    def last_collect_duration_ms(self) -> float:
-        return self.collect_duration_ms[-1]
-
-    @property
     def collect_duration_median_ms(self) -> float:
         return statistics.median(self.collect_duration_ms)
 
