@@ -18,7 +18,7 @@ from .config import CollectionSettings, TargetSettings
 from .dsn import redact
 from .kept_connection import CannotCollect, KeptConnection, connect
 from .registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Note, Registry
-from .snapshot import SESSION_SQL
+from .snapshot import COLLECTION_WORK_MEM, SESSION_SQL
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,7 @@ def prepare_session(
         {
             "statement_timeout": f"{int(settings.statement_timeout * 1000)}ms",
             "lock_timeout": f"{int(settings.lock_timeout * 1000)}ms",
+            "work_mem": COLLECTION_WORK_MEM,
         },
     ).fetchone()
     assert row is not None

@@ -1,0 +1,56 @@
+"""A server holding tens of thousands of locks: the collection reads them in memory."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from support import PG_MAJOR
+
+from devtools.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.config import CollectionSettings
+from pg_advisory_exporter.connection import prepare_session
+from pg_advisory_exporter.snapshot import collect_sql
+
+# More than the default work_mem (4MB) keeps in a tuplestore (about 150 bytes a lock), far
+# fewer than the exporter's session setting does.
+LOCKS = 40_000
+
+
+@pytest.fixture(scope="module")
+def crowded() -> Iterator[EmbeddedPostgres]:
+    """A server whose lock table takes LOCKS (about 62,000 entries), LOCKS of them held."""
+    server = EmbeddedPostgres(major=PG_MAJOR)
+    try:
+        server.start(max_locks_per_transaction=512)
+        with server.connect(application_name="bulk-import") as holder:
+            holder.execute(
+                "SELECT count(pg_advisory_lock(k)) FROM generate_series(1, %s) AS k", (LOCKS,)
+            )
+            yield server
+    finally:
+        server.cleanup()
+
+
+def _temporary_blocks(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + collect_sql()).fetchall()
+    return sum(
+        int(n)
+        for (line,) in plan
+        for n in re.findall(r"temp (?:read=\d+ )?written=(\d+)", str(line))
+    )
+
+
+@pytest.mark.pg  # starts its own server
+@pytest.mark.any_version  # how a tuplestore spills does not depend on the version
+def test_the_collection_keeps_its_rows_in_memory_where_a_default_session_spills(
+    crowded: EmbeddedPostgres,
+) -> None:
+    with crowded.connect() as default, crowded.connect() as exporter:
+        prepare_session(exporter, CollectionSettings())
+        assert _temporary_blocks(default) > 0  # at the server's work_mem, the rows spill
+        assert _temporary_blocks(exporter) == 0
+        row = exporter.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+        assert row.fetchone() == (LOCKS,)
