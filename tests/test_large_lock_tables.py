@@ -21,7 +21,7 @@ LOCKS = 40_000
 
 @pytest.fixture(scope="module")
 def crowded() -> Iterator[EmbeddedPostgres]:
-    """A server whose lock table takes LOCKS (about 62,000 entries), LOCKS of them held."""
+    """A server whose lock table has room for about 62,000 entries, LOCKS advisory locks held."""
     server = EmbeddedPostgres(major=PG_MAJOR)
     try:
         server.start(max_locks_per_transaction=512)
