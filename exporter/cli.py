@@ -174,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.config_check:
         names = ", ".join(t.name for t in config.targets)
         print(f"configuration is valid: {len(config.targets)} target(s): {names}")
+        for note in config.notes:
+            print(f"note: {note}")
         if config.auth_modules:
             print(f"auth modules for discovered targets: {', '.join(config.auth_modules)}")
         if web is not None:

@@ -19,8 +19,9 @@ from prometheus_client.registry import Collector
 from . import __version__
 from .metrics import Sample, build_info, families, shard_samples, web_config_reload
 from .scheduling import CollectionPool, Priority, Task
+from .server import Collection
 from .sharding import Shard
-from .target import Collection, Target
+from .target import Target
 from .web_access import WebAccess
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from .appnames import RewriteRule, compile_pattern, parse_template
 from .catalog import CatalogChoice
 from .discovery import DBNAME_PATTERN, AllowList, IpAddress, TargetAddress, parse_allowed
-from .dsn import Dsn, check_password_source, with_password
+from .dsn import Dsn, check_password_source, server_of, with_password
 from .endpoints import RESERVED_PATHS
 from .registry import KeyConfig, check_configs
 from .schema import (
@@ -386,19 +386,22 @@ class AuthModuleSettings(Strict):
         return AllowList([parse_allowed(entry) for entry in self.allowed_targets])
 
     def target(self, address: TargetAddress, pinned: IpAddress) -> TargetSettings:
-        """A discovered target's settings: connected to the checked address `pinned` (libpq's
-        hostaddr, so that nothing resolves the name again) while TLS verifies the name."""
+        """The settings of a discovered target's server (named HOST:PORT): connected to the
+        checked address `pinned` (libpq's hostaddr, so that nothing resolves the name again)
+        while TLS verifies the name, and to the module's `dbname` whatever database the
+        probe names: pg_locks shows the whole server from any of them, and no database the
+        exporter connects to is one that a DROP DATABASE would find in use."""
         dsn = make_conninfo(
             "",
             host=str(address.host),
             hostaddr=str(pinned) if isinstance(address.host, str) else None,
             port=address.port,
-            dbname=address.dbname,
+            dbname=self.dbname,
             user=self.user,
             **self.options,
         )
         return TargetSettings(
-            name=address.name,
+            name=address.server,
             dsn=dsn,
             password_file=self.password_file,
             collection=self.collection,
@@ -643,6 +646,35 @@ class Config:
     discovered_targets: DiscoveredTargetsSettings = dataclasses.field(
         default_factory=DiscoveredTargetsSettings
     )
+    # What is valid but worth a word, each located: --config.check prints them, the daemon
+    # logs them when it starts and at each reload.
+    notes: tuple[str, ...] = ()
+
+
+# Targets named in a note about one server, before "and N more".
+_NAMED = 5
+
+
+def same_server_notes(path: Path | None, targets: Sequence[TargetConfig]) -> tuple[str, ...]:
+    """One note per server that several targets name (by host and port, as their DSNs
+    write them): it is read once, through the first, which answers for the server."""
+    groups: dict[str, list[int]] = {}
+    for i, target in enumerate(targets):
+        groups.setdefault(server_of(target.dsn), []).append(i)
+    notes = []
+    for server, indexes in groups.items():
+        if len(indexes) < 2:
+            continue
+        first, others = indexes[0], indexes[1:]
+        named = ", ".join(f"targets[{i}].dsn ({targets[i].name})" for i in others[:_NAMED])
+        more = f" and {len(others) - _NAMED} more" if len(others) > _NAMED else ""
+        notes.append(
+            f"{path}: {named}{more}: the same server as target {targets[first].name!r} "
+            f"(targets[{first}], {server}): a target reads every database of its server, so "
+            f"it is read once, through {targets[first].name!r} and with its settings; the "
+            "others answer pg_advisory_up only"
+        )
+    return tuple(notes)
 
 
 def _validate(values: Mapping[str, object], sources: Mapping[str, str]) -> Overrides:
@@ -850,6 +882,7 @@ def load(flags: Overrides, env: Overrides) -> Config:
         targets=targets,
         max_parallel_collections=file.max_parallel_collections,
         shard=shard,
+        notes=same_server_notes(config_file, file.targets),
         auth_modules=auth_modules,
         discovered_targets=file.discovered_targets,
     )

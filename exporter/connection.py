@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -28,6 +29,29 @@ log = logging.getLogger(__name__)
 DATABASES_SQL = "SELECT datname FROM pg_catalog.pg_database WHERE NOT datistemplate"
 
 
+# The server's system identifier, for a role that may read it (Session.identity).
+SYSTEM_IDENTIFIER_SQL = "SELECT system_identifier FROM pg_catalog.pg_control_system()"
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """What tells one running server from every other: two connections with the same
+    identity reach the same server, whatever address each was given.
+
+    The start of its postmaster (to the microsecond) is readable by any role, and differs
+    between a primary and its physical standbys, which share the system identifier; the
+    system identifier (where the role may read it) tells apart servers started in the same
+    microsecond. A restart gives a server a new identity.
+    """
+
+    started: datetime
+    system_identifier: int | None
+
+    def __str__(self) -> str:
+        known = "" if self.system_identifier is None else f"system {self.system_identifier}, "
+        return f"{known}started {self.started.isoformat()}"
+
+
 @dataclass(frozen=True)
 class Session:
     conn: psycopg.Connection[Any]
@@ -36,6 +60,7 @@ class Session:
     registry: Registry
     databases: frozenset[str]  # those the registry's per-database catalog keys cover
     complete: bool  # False: a server-side read of the registry failed (see resolve_registry)
+    identity: ServerIdentity
 
 
 class _OddAnswer(Exception):
@@ -139,14 +164,20 @@ def prepare_session(
         },
     ).fetchone()
     assert row is not None
-    version, role = row[0], row[1]
+    version, role, started, reads_control = row[0], row[1], row[2], row[3]
     if version < MIN_SERVER_VERSION:
         raise CannotCollect(
             f"PostgreSQL {version // 10000} is not supported: pg-advisory-exporter "
             "needs PostgreSQL 14 or newer (it reads pg_locks.waitstart)"
         )
     registry, databases, complete = resolve_registry(conn, keys, entries, note)
-    return Session(conn, role, version, registry, databases, complete)
+    identity = ServerIdentity(started, _system_identifier(conn) if reads_control else None)
+    return Session(conn, role, version, registry, databases, complete, identity)
+
+
+def _system_identifier(conn: psycopg.Connection[Any]) -> int | None:
+    row = conn.execute(SYSTEM_IDENTIFIER_SQL).fetchone()
+    return row[0] if row is not None and type(row[0]) is int else None
 
 
 class ServerConnection(KeptConnection[Session]):
@@ -173,6 +204,7 @@ class ServerConnection(KeptConnection[Session]):
         self._conninfo = config.dsn
         self.role = ""
         self.registry = NO_KEYS
+        self.identity: ServerIdentity | None = None  # of the server last connected to
         self._entries = catalog.selected(config.catalog)
         self._databases: frozenset[str] = frozenset()  # the registry's catalog keys cover
         self._new_database = False  # a collection saw one: resolve again before the next
@@ -226,6 +258,7 @@ class ServerConnection(KeptConnection[Session]):
             )
         self.role = session.role
         self.registry = session.registry
+        self.identity = session.identity
         self._databases = session.databases
         self._new_database, self._complete = False, session.complete
         return session

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
@@ -12,10 +13,12 @@ from . import __version__, logs
 from .collector import ExporterCollector
 from .config import Config, TargetSettings, split_listen_address
 from .discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefused
+from .dsn import server_of
 from .forensics import Answer
 from .http import make_app, serve
 from .scheduling import CollectionPool, Watchdog
 from .schema import ConfigError
+from .server import Directory, Server
 from .target import Target
 from .web_access import WebAccess
 from .web_config import WebSettings
@@ -42,11 +45,16 @@ class Daemon:
         self.pool = CollectionPool(config.max_parallel_collections)
         self._watchdog = Watchdog()  # every collection's deadline
         self._reload_lock = threading.Lock()
+        # The configured targets' servers by identity: two targets that reach one server
+        # under two names read it once.
+        self._directory = Directory()
         # Another shard's targets are not connected to at all.
-        self._targets = {t.name: self._target(t) for t in _own(config)}
+        self._targets, self._servers = self._arrange(_own(config), {}, {})
+        for note in config.notes:
+            log.warning(note)
         # The servers that probes name through an auth module; never in /metrics.
         self._discovered = DiscoveredTargets(
-            self._discovered_target, config.auth_modules, config.discovered_targets
+            self.pool, self._watchdog, config.auth_modules, config.discovered_targets
         )
         self._access = None if web is None else WebAccess(web)
         self.collectors = CollectorRegistry()  # prometheus_client's, not the key registry
@@ -60,16 +68,47 @@ class Daemon:
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
 
-    def _target(self, config: TargetSettings) -> Target:
-        return Target(config, self.pool, self._watchdog, self.config.web.external_url)
+    def _arrange(
+        self,
+        configs: Sequence[TargetSettings],
+        old_targets: Mapping[str, Target],
+        old_servers: Mapping[str, Server],
+    ) -> tuple[dict[str, Target], dict[str, Server]]:
+        """The targets and their servers, by name and by address (the DSN's host and port):
+        targets that name one address share its server, made from the first of them (which
+        answers for it). What is unchanged is kept, with its connection and last collection."""
+        targets: dict[str, Target] = {}
+        servers: dict[str, Server] = {}
+        for rank, config in enumerate(configs):
+            address = server_of(config.dsn)
+            server = servers.get(address)
+            if server is None:
+                old = old_servers.get(address)
+                server = servers[address] = (
+                    old
+                    if old is not None and old.config == config
+                    else Server(config, self.pool, self._watchdog, self._directory)
+                )
+            kept = old_targets.get(config.name)
+            if kept is not None and kept.config == config and kept.server is server:
+                kept.rank = (rank,)
+                targets[config.name] = kept
+            else:
+                targets[config.name] = Target(
+                    config,
+                    self.pool,
+                    self._watchdog,
+                    self.config.web.external_url,
+                    server=server,
+                    rank=(rank,),
+                )
+        return targets, servers
 
-    def _discovered_target(self, config: TargetSettings) -> Target:
-        # No /locks link: that page serves the configured targets only.
-        return Target(config, self.pool, self._watchdog)
-
-    def discover(self, target: str, auth_module: str) -> Target | ProbeRefused:
+    def discover(
+        self, target: str, auth_module: str, timeout: float | None = None
+    ) -> Target | ProbeRefused:
         """The target a probe names through an auth module, or why it is refused."""
-        return self._discovered.probe(target, auth_module)
+        return self._discovered.probe(target, auth_module, timeout)
 
     @property
     def telemetry_path(self) -> str:
@@ -133,28 +172,24 @@ class Daemon:
                     "a reload cannot change this; restart to apply", extra={"setting": setting}
                 )
         logs.setup(config.log.level, config.log.format)
-        old = self._targets
-        new: dict[str, Target] = {}
-        for target_config in _own(config):
-            kept = old.get(target_config.name)
-            if kept is not None and kept.config == target_config:
-                new[target_config.name] = kept
-            else:
-                new[target_config.name] = self._target(target_config)
+        for note in config.notes:
+            log.warning(note)
+        old, old_servers = self._targets, self._servers
+        new, self._servers = self._arrange(_own(config), old, old_servers)
         self._targets = new  # one assignment: a scrape sees the old set or the new one
-        self.config = Config(
+        self.config = dataclasses.replace(
+            config,
             web=self.config.web,
-            log=config.log,
-            targets=config.targets,
             max_parallel_collections=self.config.max_parallel_collections,
-            shard=config.shard,
-            auth_modules=config.auth_modules,
-            discovered_targets=config.discovered_targets,
         )
         self._discovered.update(config.auth_modules, config.discovered_targets)
         for name, target in old.items():
             if new.get(name) is not target:
                 target.close()
+        kept_servers = set(map(id, self._servers.values()))
+        for server in old_servers.values():
+            if id(server) not in kept_servers:
+                server.close()
         log.info(
             "configuration reloaded",
             extra={
@@ -213,6 +248,8 @@ class Daemon:
         self.pool.shutdown()
         for target in self._targets.values():
             target.close()
+        for server in self._servers.values():
+            server.close()
         self._discovered.close()
 
 

@@ -1,21 +1,27 @@
-"""The targets that probes name through an auth module: checked, kept like configured ones,
+"""The targets that probes name through an auth module: checked, read one server at a time,
 forgotten when no probe has asked for them for a while, and counted."""
 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import suppress
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from .config import AuthModuleSettings, DiscoveredTargetsSettings, TargetSettings
+from .config import AuthModuleSettings, DiscoveredTargetsSettings
 from .discovery import AllowList, IpAddress, Refused, TargetAddress, parse_target, resolve
 from .metrics import Sample, families
+from .scheduling import CollectionPool, Watchdog
+from .server import Directory, Server
 from .target import Target
 
 log = logging.getLogger(__name__)
@@ -25,66 +31,101 @@ RESOLVE_WAIT = 2.0
 
 
 class Refusal(enum.Enum):
-    """Why a probe of a discovered target was refused: the `reason` label and the answer."""
+    """Why a probe of a discovered target was refused: the `reason` label, and the answer."""
 
-    UNKNOWN_AUTH_MODULE = "404 Not Found"
-    MALFORMED_TARGET = "400 Bad Request"
-    NOT_RESOLVED = "502 Bad Gateway"
-    NOT_ALLOWED = "403 Forbidden"
-    LIMIT_REACHED = "503 Service Unavailable"
+    UNKNOWN_AUTH_MODULE = "unknown_auth_module"
+    MALFORMED_TARGET = "malformed_target"
+    NOT_RESOLVED = "not_resolved"
+    NOT_ALLOWED = "not_allowed"
+    LIMIT_REACHED = "limit_reached"
+    NO_SUCH_DATABASE = "no_such_database"
 
     @property
     def status(self) -> str:
-        return str(self.value)
+        return _STATUS[self]
 
     @property
     def reason(self) -> str:
-        return self.name.lower()
+        return str(self.value)
+
+
+_STATUS = {
+    Refusal.UNKNOWN_AUTH_MODULE: "404 Not Found",
+    Refusal.MALFORMED_TARGET: "400 Bad Request",
+    Refusal.NOT_RESOLVED: "502 Bad Gateway",
+    Refusal.NOT_ALLOWED: "403 Forbidden",
+    Refusal.LIMIT_REACHED: "503 Service Unavailable",
+    Refusal.NO_SUCH_DATABASE: "404 Not Found",
+}
 
 
 @dataclass(frozen=True)
 class ProbeRefused:
-    """A probe that was refused: what to answer, and nothing was connected to."""
+    """A probe that was refused: what to answer, and nothing was connected to for it."""
 
     refusal: Refusal
     message: str
 
 
+# A server as an auth module reaches it: the module, the checked address and the port.
+ServerKey = tuple[str, IpAddress, int]
+
+
+@dataclass
+class _KeptServer:
+    server: Server
+    last_probe: float  # monotonic clock
+
+
 @dataclass
 class _Kept:
     target: Target
-    pinned: IpAddress  # the checked address it connects to
+    server: ServerKey
     last_probe: float  # monotonic clock
 
 
 class DiscoveredTargets:
-    """Targets by their normalised name (HOST:PORT/DBNAME), made on their first probe.
+    """Targets by their normalised name (HOST:PORT or HOST:PORT/DBNAME), made on their first
+    probe, and the servers they read, by the address checked when each was made.
 
     A target is refused before anything connects: an unknown module, a malformed target,
     a name that does not resolve, an address outside the module's allow-list, or one more
-    target than `max`. A kept target is connected to the address checked when it was made,
-    and made anew if its name comes to resolve elsewhere.
+    target than `max`. The probes of a server's databases share one server: one connection
+    (to the module's `dbname`, whichever database a probe names) and one collection; a
+    database the server does not have is refused once a collection has listed them, with
+    no connection of its own. Two addresses found to reach one server (Directory) read it
+    once. A target is made anew when its name comes to resolve elsewhere.
     """
 
     def __init__(
         self,
-        make_target: Callable[[TargetSettings], Target],
+        pool: CollectionPool,
+        watchdog: Watchdog,
         modules: Mapping[str, AuthModuleSettings],
         settings: DiscoveredTargetsSettings,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._make_target = make_target
+        self._pool = pool
+        self._watchdog = watchdog
+        self._clock = clock
         # Each module with its allow-list, parsed here and on reload rather than per probe.
         self._modules = _with_allow_lists(modules)
         self._settings = settings
         self._lock = threading.Lock()
         # By module and name: two modules that name one server each keep their own.
         self._kept: dict[tuple[str, str], _Kept] = {}
+        self._servers: dict[ServerKey, _KeptServer] = {}
+        self._directories: dict[str, Directory] = {}  # by module
+        self._made = itertools.count()  # the order targets are made in: part of their rank
         self._refusals = dict.fromkeys(Refusal, 0)
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
 
-    def probe(self, target: str, module_name: str) -> Target | ProbeRefused:
-        """The target to collect for this probe, or why it is refused."""
+    def probe(
+        self, target: str, module_name: str, timeout: float | None = None
+    ) -> Target | ProbeRefused:
+        """The target to collect for this probe, or why it is refused; within `timeout`
+        seconds (the scrape's) when it must wait for its server's list of databases."""
         found = self._modules.get(module_name)
         if found is None:
             known = ", ".join(self._modules) or "none are configured"
@@ -93,7 +134,7 @@ class DiscoveredTargets:
             )
         module, allowed = found
         try:
-            address = parse_target(target, module.dbname)
+            address = parse_target(target)
         except Refused as exc:
             return self._refuse(Refusal.MALFORMED_TARGET, str(exc))
         refused = f"{address.name} is not in the allowed_targets of auth module {module.name!r}"
@@ -107,38 +148,113 @@ class DiscoveredTargets:
         if not allowed.admits(address, addresses):
             shown = ", ".join(map(str, addresses))
             return self._refuse(Refusal.NOT_ALLOWED, f"{refused} (it resolves to {shown})")
-        return self._keep(module, address, addresses)
+        return self._keep(module, address, addresses, timeout)
 
     def _keep(
-        self, module: AuthModuleSettings, address: TargetAddress, addresses: list[IpAddress]
+        self,
+        module: AuthModuleSettings,
+        address: TargetAddress,
+        addresses: list[IpAddress],
+        timeout: float | None,
     ) -> Target | ProbeRefused:
-        now = time.monotonic()
+        now = self._clock()
+        key = (module.name, address.name)
         with self._lock:
-            key = (module.name, address.name)
             kept = self._kept.get(key)
-            # Kept while its name still resolves to the address it is connected to (a name
-            # with several, in an order that changes, keeps its connection): its module is
-            # the same (update() closes the targets of one that changed), so its settings are.
-            if kept is not None and kept.pinned in addresses:
-                kept.last_probe = now
+            # Kept while its name still resolves to the address its server was checked at
+            # (a name with several, in an order that changes, keeps its server): its module
+            # is the same (update() closes the targets of one that changed), so its settings.
+            server_kept = None if kept is None else self._servers.get(kept.server)
+            if kept is not None and server_kept is not None and kept.server[1] in addresses:
+                kept.last_probe = server_kept.last_probe = now
                 return kept.target
-            pinned = addresses[0]
-            settings = module.target(address, pinned)
+            found = self._server(module, address, addresses, now, new_target=kept is None)
+        if found is None:
+            return self._full(address)
+        server_key, server = found
+        if address.dbname is not None and not self._has_database(server, address, timeout):
+            # Nothing kept for it: a flood of made-up names costs the server nothing.
+            return self._refuse(
+                Refusal.NO_SUCH_DATABASE,
+                f"{address.server} has no database {address.dbname!r} (templates are not "
+                "collected); the databases are read from its last collection",
+            )
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None and kept.server == server_key:  # made meanwhile
+                return kept.target
             full = kept is None and len(self._kept) >= self._settings.max
-            if not full:  # new, or its name resolves elsewhere now: a new target
-                target = self._make_target(settings)
-                self._kept[key] = _Kept(target, pinned, now)
+            if not full:
+                whole = 0 if address.dbname is None else 1  # a whole-server target first
+                target = Target(
+                    server.config.model_copy(update={"name": address.name}),
+                    self._pool,
+                    self._watchdog,
+                    server=server,
+                    database=address.dbname,
+                    rank=(whole, next(self._made)),
+                    serves_locks=False,  # /locks serves the configured targets only
+                )
+                self._kept[key] = _Kept(target, server_key, now)
                 self._start_sweeping()
         if full:
-            return self._refuse(
-                Refusal.LIMIT_REACHED,
-                f"{self._settings.max} discovered targets are kept (discovered_targets.max): "
-                f"{settings.name} is refused until one is idle for discovered_targets.idle_after",
-            )
+            return self._full(address)
         if kept is not None:
             self._close([kept.target], "its host name resolves to another address now")
-        log.info("discovered target", extra={"target": settings.name, "auth_module": module.name})
+        log.info("discovered target", extra={"target": address.name, "auth_module": module.name})
         return target
+
+    def _full(self, address: TargetAddress) -> ProbeRefused:
+        return self._refuse(
+            Refusal.LIMIT_REACHED,
+            f"{self._settings.max} discovered targets or servers are kept "
+            f"(discovered_targets.max): {address.name} is refused until one is idle for "
+            "discovered_targets.idle_after",
+        )
+
+    def _server(
+        self,
+        module: AuthModuleSettings,
+        address: TargetAddress,
+        addresses: list[IpAddress],
+        now: float,
+        new_target: bool,
+    ) -> tuple[ServerKey, Server] | None:
+        """With the lock held: the server kept for one of these addresses, or a new one;
+        None at the cap (`max` counts targets and servers apart)."""
+        for candidate in addresses:
+            key = (module.name, candidate, address.port)
+            found = self._servers.get(key)
+            if found is not None:
+                found.last_probe = now
+                return key, found.server
+        if len(self._servers) >= self._settings.max or (
+            new_target and len(self._kept) >= self._settings.max
+        ):
+            return None
+        pinned = addresses[0]
+        key = (module.name, pinned, address.port)
+        directory = self._directories.setdefault(module.name, Directory())
+        server = Server(module.target(address, pinned), self._pool, self._watchdog, directory)
+        self._servers[key] = _KeptServer(server, now)
+        self._start_sweeping()
+        return key, server
+
+    def _has_database(self, server: Server, address: TargetAddress, timeout: float | None) -> bool:
+        """Whether the server has the database: known from its last collection, or from one
+        made now (urgent, bounded by its deadline and the scrape's `timeout`); unknown, when
+        it cannot be read, counts as yes (the probe then reports it down)."""
+        databases = server.reader().databases()
+        if databases is None or address.dbname not in databases:
+            pending = server.begin(urgent=True)  # the last one, if it is recent
+            if isinstance(pending, Future):
+                wait = server.settings.scrape_wait
+                if timeout is not None:
+                    wait = min(wait, timeout)
+                with suppress(FutureTimeout, CancelledError):
+                    pending.exception(timeout=max(wait, 0.0))
+            databases = server.reader().databases()
+        return databases is None or address.dbname in databases
 
     def _refuse(self, refusal: Refusal, message: str) -> ProbeRefused:
         with self._lock:
@@ -152,22 +268,30 @@ class DiscoveredTargets:
         self, modules: Mapping[str, AuthModuleSettings], settings: DiscoveredTargetsSettings
     ) -> None:
         """Take a reloaded configuration: a module removed or changed closes its targets
-        (the next probe checks them against the module as it is now)."""
+        and servers (the next probe checks them against the module as it is now)."""
         with self._lock:
             changed = {n for n, (m, _) in self._modules.items() if modules.get(n) != m}
             self._modules, self._settings = _with_allow_lists(modules), settings
-            gone = [key for key in self._kept if key[0] in changed]
-            closed = [self._kept.pop(key).target for key in gone]
+            closed = [self._kept.pop(k).target for k in list(self._kept) if k[0] in changed]
+            servers = [self._servers.pop(k).server for k in list(self._servers) if k[0] in changed]
+            for name in changed:
+                self._directories.pop(name, None)
         self._close(closed, "its auth module changed")
+        for server in servers:
+            server.close()
 
     def sweep(self) -> None:
-        """Close and forget the targets not probed for idle_after."""
-        now = time.monotonic()
+        """Close and forget the targets, and the servers, not probed for idle_after."""
+        now = self._clock()
         with self._lock:
             idle_after = self._settings.idle_after
             idle = [k for k, kept in self._kept.items() if now - kept.last_probe >= idle_after]
             closed = [self._kept.pop(key).target for key in idle]
+            gone = [k for k, kept in self._servers.items() if now - kept.last_probe >= idle_after]
+            servers = [self._servers.pop(key).server for key in gone]
         self._close(closed, "not probed for discovered_targets.idle_after")
+        for server in servers:
+            server.close()
 
     def _close(self, targets: Iterable[Target], why: str) -> None:
         for target in targets:
@@ -189,14 +313,22 @@ class DiscoveredTargets:
         self._stop.set()
         with self._lock:
             closed = [kept.target for kept in self._kept.values()]
+            servers = [kept.server for kept in self._servers.values()]
             self._kept.clear()
+            self._servers.clear()
         for target in closed:
             target.close()
+        for server in servers:
+            server.close()
 
     def samples(self) -> list[Sample]:
         with self._lock:
             count, refusals = len(self._kept), dict(self._refusals)
-        return [Sample("pg_advisory_exporter_discovered_targets", (), count)] + [
+            servers = len({id(kept.server.reader()) for kept in self._servers.values()})
+        return [
+            Sample("pg_advisory_exporter_discovered_targets", (), count),
+            Sample("pg_advisory_exporter_discovered_servers", (), servers),
+        ] + [
             Sample("pg_advisory_exporter_probe_refusals_total", (refusal.reason,), total)
             for refusal, total in refusals.items()
         ]
@@ -209,8 +341,8 @@ def _with_allow_lists(
 
 
 class DiscoveredCollector(Collector):
-    """How many discovered targets are kept, and the probes refused: on /metrics (their
-    series are served by their probes only)."""
+    """How many discovered targets and servers are kept, and the probes refused: on /metrics
+    (their series are served by their probes only)."""
 
     def __init__(self, discovered: DiscoveredTargets) -> None:
         self._discovered = discovered

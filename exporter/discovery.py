@@ -65,20 +65,25 @@ def _host(text: str) -> str | IpAddress:
 @dataclass(frozen=True)
 class TargetAddress:
     """A target as a probe names it, normalised: host (a lower-case name or an address),
-    port and database."""
+    port, and database (None: the whole server)."""
 
     host: str | IpAddress
     port: int
-    dbname: str
+    dbname: str | None
+
+    @property
+    def server(self) -> str:
+        """HOST:PORT, the server's part of the name."""
+        host = f"[{self.host}]" if isinstance(self.host, ipaddress.IPv6Address) else self.host
+        return f"{host}:{self.port}"
 
     @property
     def name(self) -> str:
-        """HOST:PORT/DBNAME, the target label of its series."""
-        host = f"[{self.host}]" if isinstance(self.host, ipaddress.IPv6Address) else self.host
-        return f"{host}:{self.port}/{self.dbname}"
+        """HOST:PORT or HOST:PORT/DBNAME, the target label of its series."""
+        return self.server if self.dbname is None else f"{self.server}/{self.dbname}"
 
 
-def parse_target(text: str, default_dbname: str) -> TargetAddress:
+def parse_target(text: str) -> TargetAddress:
     """HOST[:PORT][/DBNAME] from a probe, or Refused: a DSN, libpq keywords, a user or a
     password have no place in it (they come from the auth module)."""
     if "@" in text:
@@ -95,7 +100,7 @@ def parse_target(text: str, default_dbname: str) -> TargetAddress:
     return TargetAddress(
         host=_host(parts["host"]),
         port=DEFAULT_PORT if port is None else _port(port, text),
-        dbname=dbname or default_dbname,
+        dbname=dbname or None,
     )
 
 

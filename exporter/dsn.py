@@ -86,6 +86,20 @@ def _check_dsn(dsn: str) -> str:
 Dsn = Annotated[str, AfterValidator(_check_dsn)]
 
 
+def server_of(dsn: str) -> str:
+    """The server a checked DSN connects to, as HOST:PORT (hostaddr before host, a list of
+    hosts as a list, the default port filled in), to tell two DSNs of one server."""
+    params = _dsn_parameters(dsn)
+    hosts = str(params.get("hostaddr") or params.get("host") or "").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    if len(ports) == 1:
+        ports *= len(hosts)
+    return ",".join(
+        f"{host.strip().lower().removesuffix('.') or 'localhost'}:{port.strip()}"
+        for host, port in zip(hosts, ports, strict=False)
+    )
+
+
 def _read_password_file(path: Path) -> str:
     try:
         return path.read_text().rstrip("\r\n")

@@ -12,6 +12,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 from urllib.parse import parse_qs, quote, urlsplit
@@ -61,7 +62,9 @@ class Exported(Protocol):
 
     def locks(self, name: str) -> tuple[Answer, float] | None: ...
 
-    def discover(self, target: str, auth_module: str) -> Target | ProbeRefused: ...
+    def discover(
+        self, target: str, auth_module: str, timeout: float | None = None
+    ) -> Target | ProbeRefused: ...
 
     def elsewhere(self, name: str) -> str | None:
         """Why a configured target of another shard is not served here."""
@@ -167,8 +170,12 @@ LOCKS_AT_ONCE = 8
 def make_app(exported: Exported) -> WsgiApp:
     metrics_app = make_wsgi_app(exported.collectors)  # negotiation, gzip and name[] filters
 
-    def exposition(app: WsgiApp, environ: dict[str, Any], start: StartResponse) -> list[bytes]:
-        scrape = ScrapeContext(timeout=_scrape_timeout(environ))
+    def exposition(
+        app: WsgiApp, environ: dict[str, Any], start: StartResponse, spent: float = 0.0
+    ) -> list[bytes]:
+        # `spent`: seconds of the scrape's timeout already used before the collection.
+        timeout = _scrape_timeout(environ)
+        scrape = ScrapeContext(timeout=None if timeout is None else timeout - spent)
         token = current_scrape.set(scrape)
         try:
             with scrape.rendering:
@@ -200,14 +207,20 @@ def make_app(exported: Exported) -> WsgiApp:
                 "400 Bad Request",
                 "give one ?target=NAME, or ?target=HOST[:PORT][/DBNAME]&auth_module=MODULE",
             )
-        target = exported.discover(names[0], modules[0]) if modules else exported.target(names[0])
+        started = time.monotonic()
+        target = (
+            exported.discover(names[0], modules[0], _scrape_timeout(environ))
+            if modules
+            else exported.target(names[0])
+        )
         if target is None:
             return unknown(start_response, PROBE_PATH, names[0])
-        if isinstance(target, ProbeRefused):  # before any connection
+        if isinstance(target, ProbeRefused):  # before any connection for it
             return _text(start_response, target.refusal.status, target.message)
         registry = CollectorRegistry()
         registry.register(ProbeCollector(target, exported.pool))
-        return exposition(make_wsgi_app(registry), environ, start_response)
+        spent = time.monotonic() - started  # a discovered server's first list of databases
+        return exposition(make_wsgi_app(registry), environ, start_response, spent)
 
     locks_at_once = threading.BoundedSemaphore(LOCKS_AT_ONCE)
 

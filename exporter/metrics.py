@@ -166,11 +166,19 @@ SPECS = {
             "served by their /probe only).",
         ),
         MetricSpec(
+            "pg_advisory_exporter_discovered_servers",
+            "gauge",
+            (),
+            "Servers that the discovered targets read, kept now: one connection each, "
+            "however many of its databases are probed.",
+        ),
+        MetricSpec(
             "pg_advisory_exporter_probe_refusals_total",
             "counter",
             ("reason",),
-            "Probes of a target through an auth module refused before any connection: "
-            "unknown_auth_module, malformed_target, not_resolved, not_allowed, limit_reached.",
+            "Probes of a target through an auth module refused with no connection of their "
+            "own: unknown_auth_module, malformed_target, not_resolved, not_allowed, "
+            "limit_reached, no_such_database.",
         ),
         MetricSpec(
             "pg_advisory_exporter_collect_duration_seconds",
@@ -291,24 +299,32 @@ def target_series(
     last_success_unix: float | None,
     insufficient_privilege: bool | None,
     folded_application_names: int,
+    server_wide: bool = True,
 ) -> list[Sample]:
     """A target's series for one scrape: its server series (`pg_advisory_up 0` when the
-    collection failed and there are none), then the exporter's own about that collection."""
+    collection failed and there are none), then the exporter's own: about the collection
+    (on the server's target only, see Target), and about the target's own answer."""
     name = (target,)
     samples = list(server) or [Sample("pg_advisory_up", name, 0)]
-    samples += [
-        Sample("pg_advisory_exporter_collect_duration_seconds", name, duration),
-        Sample("pg_advisory_exporter_collect_errors_total", name, errors_total),
-    ]
-    if last_success_unix is not None:
-        samples.append(
-            Sample("pg_advisory_exporter_last_success_timestamp_seconds", name, last_success_unix)
-        )
-    if insufficient_privilege is not None:  # known once a collection succeeded
+    if server_wide:
         samples += [
-            Sample("pg_advisory_exporter_insufficient_privilege", name, insufficient_privilege),
-            Sample("pg_advisory_exporter_folded_application_names", name, folded_application_names),
+            Sample("pg_advisory_exporter_collect_duration_seconds", name, duration),
+            Sample("pg_advisory_exporter_collect_errors_total", name, errors_total),
         ]
+        if last_success_unix is not None:
+            samples.append(
+                Sample(
+                    "pg_advisory_exporter_last_success_timestamp_seconds", name, last_success_unix
+                )
+            )
+        if insufficient_privilege is not None:  # known once a collection succeeded
+            samples.append(
+                Sample("pg_advisory_exporter_insufficient_privilege", name, insufficient_privilege)
+            )
+    if insufficient_privilege is not None:
+        samples.append(
+            Sample("pg_advisory_exporter_folded_application_names", name, folded_application_names)
+        )
     return samples
 
 
@@ -372,26 +388,33 @@ def counted_uses(backend: BackendLocks, registry: Registry) -> list[tuple[Regist
     ]
 
 
-def key_groups(snapshot: ServerSnapshot, registry: Registry) -> dict[tuple[str, str], KeyGroup]:
-    """Holders and waiters of each registered key, by (database, key name).
+def key_groups(
+    snapshot: ServerSnapshot, registry: Registry, database: str | None = None
+) -> dict[tuple[str, str], KeyGroup]:
+    """Holders and waiters of each registered key, by (database, key name), in `database`
+    only if one is given.
 
-    A key that is expected to be held gets an empty group in each of its databases (the
-    connection's database if it names none), so that nobody holding it shows as 0.
+    A key that is expected to be held gets an empty group in each of its databases (if it
+    names none: `database`, else the connection's), so that nobody holding it shows as 0.
     """
     groups: dict[tuple[str, str], KeyGroup] = defaultdict(KeyGroup)
     for backend in snapshot.backends:
-        for key, use in counted_uses(backend, registry):
-            groups[backend.datname, key.name].add(backend, use)
+        if database is None or backend.datname == database:
+            for key, use in counted_uses(backend, registry):
+                groups[backend.datname, key.name].add(backend, use)
     for key in registry.keys:
         if key.config.expect_held:
-            for datname in key.config.databases or (snapshot.current_database,):
-                groups[datname, key.name].expected = True
+            for datname in key.config.databases or (database or snapshot.current_database,):
+                if database is None or datname == database:
+                    groups[datname, key.name].expected = True
     return dict(sorted(groups.items()))
 
 
-def _key_samples(target: str, snapshot: ServerSnapshot, registry: Registry) -> list[Sample]:
+def _key_samples(
+    target: str, snapshot: ServerSnapshot, registry: Registry, database: str | None
+) -> list[Sample]:
     samples: list[Sample] = []
-    for (datname, name), group in key_groups(snapshot, registry).items():
+    for (datname, name), group in key_groups(snapshot, registry, database).items():
         labels = (target, datname, name)
         if group.holders or group.expected:
             samples.append(Sample("pg_advisory_key_holders", labels, group.holders))
@@ -408,32 +431,36 @@ def _key_samples(target: str, snapshot: ServerSnapshot, registry: Registry) -> l
 
 def _pooler_samples(
     target: str,
-    snapshot: ServerSnapshot,
+    backends: Sequence[BackendLocks],
     labels: Sequence[str],
     poolers: Sequence[PoolerView],
+    server_wide: bool,
 ) -> list[Sample]:
     """Stranded session locks per pool, and whether each pooler could be read.
 
     A pooler that was read gets a 0 when nothing is stranded behind it, so that the series'
-    absence means "not watched"; one that could not be read gets neither.
+    absence means "not watched"; one that could not be read gets neither. Whether it was
+    read is the server's: on its server target only.
     """
     if not poolers:
         return []
     entries: dict[tuple[str, str, str, str], int] = defaultdict(int)
-    for backend, label in zip(snapshot.backends, labels, strict=True):
+    for backend, label in zip(backends, labels, strict=True):
         session_level = certainly_session_level(not backend.in_transaction, backend.state)
         if not backend.held or not session_level:
             continue  # never stranded: no pooler lookup for it
         pooled = owner(poolers, backend.pid, backend.client_addr, backend.client_port)
         if pooled is not None and stranded(backend.held, session_level, pooled):
             entries[backend.datname, label, pooled.pooler, pooled.pool] += backend.held
-    samples = [Sample("pg_advisory_pooler_up", (target, p.name), p.up) for p in poolers]
-    found = {pooler for _, _, pooler, _ in entries}
-    samples += [
-        Sample("pg_advisory_pooled_session_locks", (target, "", "", p.name, ""), 0)
-        for p in poolers
-        if p.up and p.name not in found
-    ]
+    samples = []
+    if server_wide:
+        samples += [Sample("pg_advisory_pooler_up", (target, p.name), p.up) for p in poolers]
+        found = {pooler for _, _, pooler, _ in entries}
+        samples += [
+            Sample("pg_advisory_pooled_session_locks", (target, "", "", p.name, ""), 0)
+            for p in poolers
+            if p.up and p.name not in found
+        ]
     samples += [
         Sample("pg_advisory_pooled_session_locks", (target, *group), count)
         for group, count in sorted(entries.items())
@@ -455,16 +482,25 @@ def server_samples(
     registry: Registry = NO_KEYS,
     *,
     poolers: Sequence[PoolerView] = (),
+    database: str | None = None,
+    server_wide: bool = True,
 ) -> ServerSamples:
-    """Map one snapshot (and what its target's poolers said) to the server series."""
-    names = [rewrite(backend.application_name, rules) for backend in snapshot.backends]
+    """Map one snapshot (and what its target's poolers said) to the server series.
+
+    With a `database`, the series of that database only: its locks, holders, waiters,
+    keys and deadlocks. With `server_wide`, the series that describe the whole server too
+    (its lock table and version, whether its poolers could be read): the server's target
+    carries them, once for all the targets that read the server (see Target).
+    """
+    backends = [b for b in snapshot.backends if database is None or b.datname == database]
+    names = [rewrite(backend.application_name, rules) for backend in backends]
     entries_by_name: dict[str, int] = defaultdict(int)
-    for backend, name in zip(snapshot.backends, names, strict=True):
+    for backend, name in zip(backends, names, strict=True):
         entries_by_name[name] += backend.advisory_entries
     folding = fold(entries_by_name, application_name_limit)
 
     groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
-    for backend, name in zip(snapshot.backends, names, strict=True):
+    for backend, name in zip(backends, names, strict=True):
         long_lived = any(
             key.config.long_lived and use.held for key, use in counted_uses(backend, registry)
         )
@@ -472,25 +508,19 @@ def server_samples(
 
     samples = [
         Sample("pg_advisory_up", (target,), 1),
-        Sample("pg_advisory_server_info", (target, snapshot.server_version), 1),
-        Sample("pg_advisory_lock_table_entries", (target,), snapshot.lock_table_entries),
-        Sample(
-            "pg_advisory_lock_table_backend_entries_max",
-            (target,),
-            snapshot.backend_table_entries_max,
-        ),
+        # A setting, not a count: every target has it, for the budget alert's join.
         Sample(
             "pg_advisory_max_locks_per_transaction",
             (target,),
             snapshot.capacity_settings.max_locks_per_transaction,
         ),
     ]
-    capacity = lock_table_capacity(snapshot.capacity_settings)
-    if capacity is not None:
-        samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
+    if server_wide:
+        samples += _server_wide_samples(target, snapshot)
     samples += [
         Sample("pg_advisory_deadlocks_total", (target, datname), deadlocks)
         for datname, deadlocks in sorted(snapshot.deadlocks.items())
+        if database is None or datname == database
     ]
     for (datname, application), group in sorted(groups.items()):
         labels = (target, datname, application)
@@ -511,7 +541,24 @@ def server_samples(
             Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),
             Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
         ]
-    samples += _key_samples(target, snapshot, registry)
+    samples += _key_samples(target, snapshot, registry, database)
     folded = [folding.label(name) for name in names]
-    samples += _pooler_samples(target, snapshot, folded, poolers)
+    samples += _pooler_samples(target, backends, folded, poolers, server_wide)
     return ServerSamples(samples, folding.folded)
+
+
+def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
+    """The series that describe the whole server: its version, its lock table."""
+    samples = [
+        Sample("pg_advisory_server_info", (target, snapshot.server_version), 1),
+        Sample("pg_advisory_lock_table_entries", (target,), snapshot.lock_table_entries),
+        Sample(
+            "pg_advisory_lock_table_backend_entries_max",
+            (target,),
+            snapshot.backend_table_entries_max,
+        ),
+    ]
+    capacity = lock_table_capacity(snapshot.capacity_settings)
+    if capacity is not None:
+        samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
+    return samples

@@ -193,6 +193,11 @@ class ThresholdValues:
 # databases.
 _SERVER = ("job", "instance", "target")
 _HOLDER = (*_SERVER, "datname", "application_name")
+# A series that a server's target carries and no other target of that server does (of the
+# targets that read one server, one answers for it: its whole-server probe, or else the
+# first of its databases' probes): joined with it, an alert about the server fires once
+# however many of its databases are probed.
+ANSWERS_FOR_SERVER = "pg_advisory_exporter_collect_duration_seconds"
 # What tells the replicas of a sharded exporter apart; their shard series are aggregated
 # over everything else (the job and the group labels but pod), as kube-state-metrics' are.
 _REPLICA = "without (instance, pod)"
@@ -367,7 +372,8 @@ class _Rules:
             ),
             t.alert(
                 "PgAdvisoryTargetDown",
-                f"{t.sel('pg_advisory_up')} == 0",
+                f"{t.sel('pg_advisory_up')} == 0 and on {t.by(*_SERVER)} "
+                f"{t.sel(ANSWERS_FOR_SERVER)}",
                 for_="target_down_for",
                 severity="critical",
                 summary="The exporter cannot read {{ $labels.target }}",

@@ -27,10 +27,16 @@ from .registry import NO_KEYS, Registry
 COLLECTION_WORK_MEM = "32MB"
 
 # Run once per connection: the session settings that keep the exporter harmless (and its
-# collection cheap), and the server version it checks before the first collection.
+# collection cheap), the server version it checks before the first collection, and what
+# tells this server from others (connection.ServerIdentity): when its postmaster started,
+# and whether the role may read the system identifier (pg_control_system() is PUBLIC by
+# default; some shops revoke it).
 SESSION_SQL = """
 SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_num,
        current_user AS role,
+       pg_catalog.pg_postmaster_start_time() AS started,
+       pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')
+           AS reads_control,
        pg_catalog.set_config('statement_timeout', %(statement_timeout)s, false),
        pg_catalog.set_config('lock_timeout', %(lock_timeout)s, false),
        pg_catalog.set_config('work_mem', %(work_mem)s, false),
@@ -315,6 +321,11 @@ class ServerSnapshot:
     lock_table_entries: int
     backend_table_entries_max: int
     backends: tuple[BackendLocks, ...]
+
+    @property
+    def databases(self) -> frozenset[str]:
+        """The server's databases but the templates (those it reads deadlocks for)."""
+        return frozenset(self.deadlocks)
 
 
 def _age(seconds: float | None) -> float | None:

@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from pg_advisory_exporter.metrics import SPECS
-from pg_advisory_exporter.rules import RUNBOOK_URL, Thresholds
+from pg_advisory_exporter.rules import ANSWERS_FOR_SERVER, RUNBOOK_URL, Thresholds
 from pg_advisory_exporter.schema import format_duration
 
 UID = "pg-advisory-locks"
@@ -215,22 +215,25 @@ def _table(
 
 def _overview() -> list[PanelBuilder]:
     leaked_after = format_duration(ALERTS.leaked_lock_after)
+    # Of the targets that read one server, the one that answers for it (rules.py).
+    once_per_server = f"and on (job, instance, target) {sel(ANSWERS_FOR_SERVER)}"
     return [
         _stat(
-            "Targets up",
-            "PostgreSQL servers the exporter read successfully at its last collection. No data "
-            "means Prometheus does not scrape the exporter: check its pod and scrape job.",
+            "Servers up",
+            "PostgreSQL servers the exporter read successfully at its last collection, each "
+            "counted once however many of its databases are probed. No data means Prometheus "
+            "does not scrape the exporter: check its pod and scrape job.",
             "short",
-            Query(f"sum({sel('pg_advisory_up')})", "up"),
+            Query(f"sum({sel('pg_advisory_up')} {once_per_server})", "up"),
             width=3,
         ),
         _stat(
-            "Targets down",
+            "Servers down",
             "Servers the exporter cannot read (refused, login failed, timed out); every panel "
             "below is blind to them. The exporter's log says why; PgAdvisoryTargetDown pages "
             f"after {format_duration(ALERTS.target_down_for)}.",
             "short",
-            Query(f"sum(1 - {sel('pg_advisory_up')})", "down"),
+            Query(f"sum((1 - {sel('pg_advisory_up')}) {once_per_server})", "down"),
             (1, "red"),
             width=3,
         ),
@@ -609,11 +612,15 @@ def _exporter() -> list[PanelBuilder]:
         ),
         _timeseries(
             "Discovered targets",
-            "Servers that probes named through an auth module and the exporter keeps now "
-            "(docs/fleets.md, Discovered targets). It falls as targets go unprobed for "
-            "discovered_targets.idle_after; at discovered_targets.max new ones are refused.",
+            "Targets that probes named through an auth module and the exporter keeps now, and "
+            "the servers they read, one connection each (docs/fleets.md, Discovered targets). "
+            "It falls as targets go unprobed for discovered_targets.idle_after; at "
+            "discovered_targets.max new ones are refused.",
             "short",
-            [Query(sel("pg_advisory_exporter_discovered_targets"), "{{instance}}")],
+            [
+                Query(sel("pg_advisory_exporter_discovered_targets"), "targets of {{instance}}"),
+                Query(sel("pg_advisory_exporter_discovered_servers"), "servers of {{instance}}"),
+            ],
         ),
         _timeseries(
             "Refused probes",

@@ -322,24 +322,33 @@ def test_every_entry_is_named_when_its_library_holds_it(
     # Rails' key for orders, taken in another database, is no Rails lock there.
     session("impostor").execute(f"SELECT pg_advisory_lock({_key('rails_migration', db)})")
     chosen = ["rails_migration", "airflow_migration", "authentik_migration"]
-    config: Config = {
-        "collection": {"min_interval": "1ms"},
-        "targets": [
-            {"name": "main", "dsn": monitor_dsn},
-            {"name": "chosen", "dsn": monitor_dsn, "catalog": chosen},
-            {"name": "none", "dsn": monitor_dsn, "catalog": False},
-        ],
+    # Three exporters, one choice each: targets of one exporter that name one server are
+    # read once, with the first one's settings.
+    choices: dict[str, Config] = {
+        "main": {},
+        "chosen": {"catalog": chosen},
+        "none": {"catalog": False},
     }
-    exporter = start_exporter(config=config)
+    exporters = {
+        name: start_exporter(
+            config={
+                "collection": {"min_interval": "1ms"},
+                "targets": [{"name": name, "dsn": monitor_dsn, **choice}],
+            }
+        )
+        for name, choice in choices.items()
+    }
     defaults = {(e.name, db): 1.0 for e in DEFAULTS}
-    scrape = exporter.scrape_until(lambda s: _catalog_keys(s, "main") == defaults)
-    assert _catalog_keys(scrape, "chosen") == {(name, db): 1.0 for name in chosen}
-    assert _catalog_keys(scrape, "none") == {}
+    scrape = exporters["main"].scrape_until(lambda s: _catalog_keys(s, "main") == defaults)
     assert scrape.find("pg_advisory_key_holders", datname="postgres") == []
     assert scrape.value("pg_advisory_key_waiters", target="main", key="flyway", datname=db) == 0
+    mine = {(name, db): 1.0 for name in chosen}
+    exporters["chosen"].scrape_until(lambda s: _catalog_keys(s, "chosen") == mine)
+    none = exporters["none"].scrape_until(lambda s: bool(s.find("pg_advisory_up", target="none")))
+    assert _catalog_keys(none, "none") == {}
 
     path = tmp_path / "check.yaml"
-    path.write_text(yaml.safe_dump({"targets": config["targets"][:1]}))
+    path.write_text(yaml.safe_dump({"targets": [{"name": "main", "dsn": monitor_dsn}]}))
     report = cli("check", "--config.file", str(path), check=True).stdout
     assert f"Well-known keys in use ({len(DEFAULTS)})" in report
     rows = {

@@ -256,7 +256,8 @@ def test_two_shards_of_the_chart_split_the_targets(
         for index, scrape in enumerate(last):
             assert scrape.value("pg_advisory_exporter_shard_index") == index
             assert scrape.value("pg_advisory_exporter_shards") == 2
-        # One connection per target on the server: no target is collected by both.
-        assert _exporter_backends(pg) - before == len(names)
+        # One connection from each shard on the server, for all of its targets (they name
+        # one server): no shard reads the server twice, nor for another's targets.
+        assert _exporter_backends(pg) - before == len(ports)
     finally:
         podman.run("kube", "down", str(manifest), check=False)

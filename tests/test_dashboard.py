@@ -162,7 +162,7 @@ def _edit_expr(title: str, old: str, new: str) -> Callable[[Dashboard], None]:
             "counter pg_advisory_deadlocks_total is not inside rate/irate/increase",
         ),
         (
-            _edit_expr("Targets up", "sum(pg_advisory_up{", "sum(pg_advisory_up + up{"),
+            _edit_expr("Servers up", "sum(pg_advisory_up{", "sum(pg_advisory_up + up{"),
             "pg_advisory_up is used without label matchers",
         ),
         (

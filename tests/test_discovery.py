@@ -137,26 +137,30 @@ def test_a_real_prometheus_probes_thirty_discovered_databases(
 
     wait_until(all_up, 60, lambda: f"every discovered target up: {up}", 0.5)
     assert sorted(up) == sorted(targets)  # target="127.0.0.1:PORT/dNN", as normalised
-    assert _connections(pg) == dict.fromkeys(databases, 1)  # one connection each, kept
+    # One connection for the thirty, to the module's database: none sits in theirs.
+    assert _connections(pg) == {"postgres": 1}
     # Their series are their probes' only: /metrics counts them and names none.
     metrics = exporter.scrape()
     assert metrics.value("pg_advisory_exporter_discovered_targets") == len(targets)
+    assert metrics.value("pg_advisory_exporter_discovered_servers") == 1
     assert not metrics.find("pg_advisory_up")
 
     kept = [f"127.0.0.1:{pg.port}/{name}" for name in KEPT]
     _write_targets(targets_file, kept)
     # Prometheus stops probing them within a scrape interval or two of reading the file;
-    # the exporter closes them idle_after later, and its sweep looks every idle_after / 4.
+    # the exporter forgets them idle_after later, and its sweep looks every idle_after / 4.
+    exporter.scrape_until(
+        lambda scrape: scrape.value("pg_advisory_exporter_discovered_targets") == len(KEPT),
+        timeout=idle_after + 8,
+    )
+    assert _connections(pg) == {"postgres": 1}  # the server is still probed
+    _write_targets(targets_file, [])
     wait_until(
-        lambda: set(_connections(pg)) == set(KEPT),
+        lambda: not _connections(pg),
         idle_after + 8,
-        lambda: f"only the kept databases connected: {_connections(pg)}",
+        lambda: f"the server's connection closed once none is probed: {_connections(pg)}",
         0.1,
     )
-    exporter.scrape_until(
-        lambda scrape: scrape.value("pg_advisory_exporter_discovered_targets") == len(KEPT)
-    )
-    assert _connections(pg) == dict.fromkeys(KEPT, 1)  # the kept ones are still connected
 
 
 class _Listener:
@@ -249,13 +253,13 @@ def test_the_cap_refuses_new_targets_and_a_reload_closes_what_is_no_longer_allow
     exporter = start_exporter("--web.enable-lifecycle", config=config("127.0.0.1/32"))
     server = f"127.0.0.1:{pg.port}"
     assert _probe(exporter, f"{server}/postgres") == 200
-    assert _probe(exporter, server) == 200  # the same target: the module's dbname
-    assert _probe(exporter, f"{server}/billing") == 200
-    assert _probe(exporter, f"{server}/template1") == 503
+    assert _probe(exporter, f"{server}/postgres") == 200  # the same target
+    assert _probe(exporter, server) == 200  # another: the whole server
+    assert _probe(exporter, f"{server}/billing") == 503
     scrape = exporter.scrape()
     assert scrape.value("pg_advisory_exporter_discovered_targets") == 2
     assert _refusals(scrape) == {"limit_reached": 1}
-    assert _connections(pg) == {"postgres": 1, "billing": 1}
+    assert _connections(pg) == {"postgres": 1}  # one server, one connection
 
     # The same file, but the module now allows another network: its targets are closed.
     config_path = tmp_path / f"config-{exporter.port}.yaml"

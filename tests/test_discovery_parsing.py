@@ -31,16 +31,16 @@ from pg_advisory_exporter.target import Target
 @pytest.mark.parametrize(
     ("text", "name"),
     [
-        ("10.1.2.3", "10.1.2.3:5432/postgres"),
+        ("10.1.2.3", "10.1.2.3:5432"),  # no database: the whole server
         ("10.1.2.3:6432/orders", "10.1.2.3:6432/orders"),
-        ("DB-1.Example.COM.", "db-1.example.com:5432/postgres"),
+        ("DB-1.Example.COM.", "db-1.example.com:5432"),
         ("db.example.com/billing", "db.example.com:5432/billing"),
-        ("[::1]", "[::1]:5432/postgres"),
+        ("[::1]", "[::1]:5432"),
         ("[2001:DB8:0:0::1]:5433/x", "[2001:db8::1]:5433/x"),
     ],
 )
 def test_a_target_is_normalised(text: str, name: str) -> None:
-    assert parse_target(text, "postgres").name == name
+    assert parse_target(text).name == name
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_a_target_is_normalised(text: str, name: str) -> None:
 )
 def test_a_malformed_target_is_refused(text: str, why: str) -> None:
     with pytest.raises(Refused, match=why.replace("?", r"\?")):
-        parse_target(text, "postgres")
+        parse_target(text)
 
 
 @given(
@@ -81,20 +81,20 @@ def test_normalising_twice_changes_nothing(
     address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int, dbname: str
 ) -> None:
     host = f"[{address}]" if address.version == 6 else str(address)
-    parsed = parse_target(f"{host}:{port}/{dbname}", "postgres")
+    parsed = parse_target(f"{host}:{port}/{dbname}")
     assert parsed == TargetAddress(address, port, dbname)
-    assert parse_target(parsed.name, "other") == parsed
+    assert parse_target(parsed.name) == parsed
 
 
 @given(st.text(max_size=20), st.sampled_from("@= ?"), st.text(max_size=20))
 def test_credentials_and_keywords_never_pass(before: str, mark: str, after: str) -> None:
     with pytest.raises(Refused):
-        parse_target(before + mark + after, "postgres")
+        parse_target(before + mark + after)
 
 
 def _allows(entries: list[str], target: str, *addresses: str) -> bool:
     allowed = AllowList([parse_allowed(entry) for entry in entries])
-    parsed = parse_target(target, "postgres")
+    parsed = parse_target(target)
     return allowed.admits(parsed, [ipaddress.ip_address(a) for a in addresses])
 
 
@@ -201,12 +201,13 @@ def test_a_module_takes_the_top_level_settings_it_does_not_override(tmp_path: Pa
     limits = config.discovered_targets
     assert (limits.idle_after, limits.max) == (120.0, 5)
     settings = module.target(
-        parse_target("pg.db.internal/orders", module.dbname), ipaddress.ip_address("10.0.0.7")
+        parse_target("pg.db.internal/orders"), ipaddress.ip_address("10.0.0.7")
     )
-    assert settings.name == "pg.db.internal:5432/orders"
-    # The checked address is where libpq connects; the name is what TLS verifies.
+    assert settings.name == "pg.db.internal:5432"  # the server's: it reads every database
+    # The checked address is where libpq connects; the name is what TLS verifies; the
+    # database is the module's, whichever the probe names.
     assert settings.dsn == (
-        "host=pg.db.internal hostaddr=10.0.0.7 port=5432 dbname=orders user=monitor "
+        "host=pg.db.internal hostaddr=10.0.0.7 port=5432 dbname=postgres user=monitor "
         "sslmode=verify-full"
     )
 
@@ -225,11 +226,7 @@ def discovered(tmp_path: Path) -> Iterator[DiscoveredTargets]:
         },
     )
     pool, watchdog = CollectionPool(1), Watchdog()
-    registry = DiscoveredTargets(
-        lambda settings: Target(settings, pool, watchdog),
-        config.auth_modules,
-        config.discovered_targets,
-    )
+    registry = DiscoveredTargets(pool, watchdog, config.auth_modules, config.discovered_targets)
     yield registry
     registry.close()
     pool.shutdown()
@@ -266,12 +263,12 @@ def test_every_address_of_a_name_is_checked(
     discovered: DiscoveredTargets, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked = _resolving(monkeypatch, ["10.0.0.1"], ["10.0.0.1", "192.168.0.1"])
-    assert isinstance(discovered.probe("pg.example.com:5432/x", "fleet"), Target)
+    assert isinstance(discovered.probe("pg.example.com:5432", "fleet"), Target)
     refused = discovered.probe("other.example.com", "fleet")  # one address outside
     assert isinstance(refused, ProbeRefused)
     assert refused.refusal is Refusal.NOT_ALLOWED
     assert asked == ["pg.example.com", "other.example.com"]
-    assert len([s for s in discovered.samples() if s.value]) == 2  # one target, one refusal
+    assert len([s for s in discovered.samples() if s.value]) == 3  # target, server, refusal
 
 
 def test_idle_targets_are_forgotten_and_the_cap_frees(discovered: DiscoveredTargets) -> None:
@@ -285,7 +282,10 @@ def test_idle_targets_are_forgotten_and_the_cap_frees(discovered: DiscoveredTarg
     discovered.sweep()
     assert isinstance(discovered.probe("10.0.0.4", "fleet"), Target)
     counts = {s.name: s.value for s in discovered.samples() if not s.labels}
-    assert counts == {"pg_advisory_exporter_discovered_targets": 1}
+    assert counts == {
+        "pg_advisory_exporter_discovered_targets": 1,
+        "pg_advisory_exporter_discovered_servers": 1,
+    }
 
 
 def test_a_changed_module_closes_its_targets(discovered: DiscoveredTargets, tmp_path: Path) -> None:

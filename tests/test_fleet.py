@@ -209,10 +209,15 @@ def test_a_fleet_of_ten_thousand_answers_within_the_scrape_timeout(
     monitor_dsn: str,
     silent_server: SilentServer,
 ) -> None:
-    # Mostly servers that refuse connections, some that hang, one that answers.
-    refused = f"host=127.0.0.1 port={free_port()} user=x dbname=x"
+    # Mostly servers that refuse connections, some that hang, one that answers. Each refusing
+    # one has an address of its own (any of 127.0.0.0/8 reaches this host, where nothing
+    # listens on the port): targets that name one address are one server, read once.
+    port = free_port()
+    targets = {
+        f"refused-{i}": f"host=127.0.{i // 250}.{i % 250 + 2} port={port} user=x dbname=x"
+        for i in range(9_990)
+    }
     hung = f"host=127.0.0.1 port={silent_server.port} user=x dbname=x"
-    targets = {f"refused-{i}": refused for i in range(9_990)}
     targets |= {f"hung-{i}": hung for i in range(9)}
     targets["healthy"] = monitor_dsn
     config = _config(targets)

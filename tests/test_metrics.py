@@ -9,6 +9,7 @@ from support import IDLE, snapshot_of
 
 from pg_advisory_exporter.appnames import RewriteRule
 from pg_advisory_exporter.metrics import SPECS, Sample, server_samples
+from pg_advisory_exporter.registry import KeyConfig, Registry
 
 
 def _values(samples: list[Sample], name: str) -> dict[tuple[str, ...], float]:
@@ -98,3 +99,48 @@ def test_server_series() -> None:
     assert _values(samples, "pg_advisory_lock_table_capacity") == {("main",): 7808}
     assert _values(samples, "pg_advisory_deadlocks_total") == {("main", "app"): 3}
     assert _values(samples, "pg_advisory_server_info") == {("main", "15.18"): 1}
+
+
+# The series that describe the whole server: on its server target only (see Target).
+SERVER_WIDE = {
+    "pg_advisory_server_info",
+    "pg_advisory_lock_table_entries",
+    "pg_advisory_lock_table_capacity",
+    "pg_advisory_lock_table_backend_entries_max",
+}
+
+
+def test_a_database_target_answers_for_its_database_only() -> None:
+    elsewhere = replace(IDLE, pid=2, datname="billing", application_name="leader")
+    snapshot = replace(snapshot_of(IDLE, elsewhere), deadlocks={"app": 3, "billing": 1})
+    whole = server_samples("main", snapshot, [], 100).samples
+    app = server_samples("main/app", snapshot, [], 100, database="app").samples
+    billing = server_samples(
+        "main/billing", snapshot, [], 100, database="billing", server_wide=False
+    ).samples
+    # Each lock once: the database targets split what the whole-server target counts.
+    locks = [_values(s, "pg_advisory_locks") for s in (whole, app, billing)]
+    assert sum(locks[0].values()) == sum(locks[1].values()) + sum(locks[2].values()) == 2
+    assert {labels[1] for labels in locks[1]} == {"app"}
+    assert {labels[1] for labels in locks[2]} == {"billing"}
+    assert _values(billing, "pg_advisory_deadlocks_total") == {("main/billing", "billing"): 1}
+    # The server's own series where server_wide says so, and the settings everywhere.
+    assert {s.name for s in app} >= SERVER_WIDE
+    assert not SERVER_WIDE & {s.name for s in billing}
+    for samples in (whole, app, billing):
+        assert {s.name for s in samples} >= {
+            "pg_advisory_up",
+            "pg_advisory_max_locks_per_transaction",
+        }
+
+
+def test_an_expected_key_is_expected_in_the_database_a_target_names() -> None:
+    registry = Registry.resolve(
+        [KeyConfig(name="leader", key=42, expect_held=True)], lambda texts, seeds: []
+    )
+    snapshot = snapshot_of(IDLE)
+    whole = server_samples("main", snapshot, [], 100, registry).samples
+    orders = server_samples("main/orders", snapshot, [], 100, registry, database="orders").samples
+    # Nobody holds it: 0 where the target looks (the connection's database, or its own).
+    assert _values(whole, "pg_advisory_key_holders") == {("main", "app", "leader"): 0}
+    assert _values(orders, "pg_advisory_key_holders") == {("main/orders", "orders", "leader"): 0}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from fake_console import FLOAT8, INT4, TEXT, Column, FakeConsole
-from support import Config, Scrape, SilentServer, StartExporter
+from support import SilentServer, StartExporter
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter import poolers
@@ -29,7 +29,8 @@ from pg_advisory_exporter.config import (
 from pg_advisory_exporter.metrics import Sample
 from pg_advisory_exporter.poolers import Poolers
 from pg_advisory_exporter.scheduling import CollectionPool, Watchdog
-from pg_advisory_exporter.target import POOLER_WAIT, Target
+from pg_advisory_exporter.server import POOLER_WAIT
+from pg_advisory_exporter.target import Target
 
 # Version-independent (tests/conftest.py): what the exporter does with its poolers' answers
 # and with a registry read the server refuses.
@@ -82,12 +83,8 @@ def test_a_console_that_lies_is_down_and_its_server_up(
     assert "internal error" not in log
 
 
-def _up(scrape: Scrape, names: list[str]) -> dict[str, float]:
-    return {name: scrape.value("pg_advisory_up", target=name) for name in names}
-
-
 def test_a_fleet_behind_consoles_that_never_answer_stays_up(
-    start_exporter: StartExporter, monitor_dsn: str, silent_server: SilentServer
+    monitor_dsn: str, tmp_path: Path, silent_server: SilentServer
 ) -> None:
     hung = f"host=127.0.0.1 port={silent_server.port} dbname=pgbouncer user=stats"
     targets = [
@@ -95,18 +92,18 @@ def test_a_fleet_behind_consoles_that_never_answer_stays_up(
          "poolers": [{"name": "bouncer", "admin_dsn": hung}]}
         for i in range(HUNG)
     ] + [{"name": f"direct-{i}", "dsn": monitor_dsn} for i in range(PLAIN)]  # fmt: skip
-    config: Config = {"collection": QUICK, "targets": targets}
-    exporter = start_exporter(config=config)
-    names = [str(t["name"]) for t in targets]
+    timer = AnswerTimer()
     took = []
-    for _ in range(4):  # the first collections, then the consoles' backoffs and retries
-        started = time.monotonic()
-        scrape = exporter.scrape()
-        took.append(time.monotonic() - started)
-        assert _up(scrape, names) == dict.fromkeys(names, 1), exporter.log()
-        pooled = scrape.find("pg_advisory_pooler_up", pooler="bouncer")
-        assert [value for _, value in pooled] == [0] * HUNG
-        time.sleep(0.5)
+    # Each target a server of its own (in-process, as _in_process makes them): a fleet of
+    # servers, each behind a console that never answers.
+    with _in_process(tmp_path, targets) as (fleet, pool):
+        for _ in range(4):  # the first collections, then the consoles' backoffs and retries
+            started = time.monotonic()
+            samples = target_samples(fleet, pool, timer)
+            took.append(time.monotonic() - started)
+            assert _values(samples, "pg_advisory_up") == {(t.name,): 1 for t in fleet}
+            assert list(_values(samples, "pg_advisory_pooler_up").values()) == [0] * HUNG
+            time.sleep(0.5)
     assert max(took) < DEADLINE, took
     assert len(silent_server.accepted) >= HUNG  # every console was tried
 
@@ -134,7 +131,8 @@ def _in_process(
     tmp_path: Path, targets: list[dict[str, Any]]
 ) -> Iterator[tuple[list[Target], CollectionPool]]:
     """The exporter's targets, pool and watchdog in this process (so that a function of the
-    exporter can be replaced), collected as a scrape collects them: `target_samples`."""
+    exporter can be replaced), collected as a scrape collects them: `target_samples`. Each
+    target makes a server of its own, whatever it names: a fleet of servers on the suite's."""
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"collection": QUICK, "targets": targets}))
     config = load(Overrides(), Overrides(config=ConfigFileSettings(file=path)))

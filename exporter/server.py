@@ -1,0 +1,478 @@
+"""One watched PostgreSQL server: its kept connection and its collections, shared by every
+target that reads it, and how two names that reach one server are told to be one."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from .config import TargetSettings
+from .connection import ServerConnection, ServerIdentity
+from .kept_connection import CannotCollect
+from .poolers import Poolers, PoolerView
+from .registry import Registry
+from .scheduling import CollectionPool, Priority, Task, Watchdog
+from .snapshot import ServerSnapshot, read_snapshot
+
+if TYPE_CHECKING:
+    from .target import Target
+
+log = logging.getLogger(__name__)
+
+# Seconds of a collection's deadline kept back from its poolers' reads, so that a pooler that
+# does not answer never makes the server's series late.
+_POOLER_MARGIN = 0.5
+# The most a collection waits for its poolers, in all, after the server's read: 0.5s, and at
+# most a quarter of the deadline. A console answers SHOW from memory in milliseconds; one
+# that does not answer would otherwise hold a collection worker, and a fleet behind hung
+# poolers would starve the pool (docs/forensics.md, "Session locks stranded in a pool").
+POOLER_WAIT = 0.5
+_POOLER_SHARE = 0.25
+# How long a server found to be another one under a second address reads through that one
+# before it connects once more to check: an address (a virtual IP, a DNS name) may come to
+# reach another server, and then it must be read on its own again.
+SAME_SERVER_RECHECK = 300.0
+
+
+@dataclass(frozen=True)
+class Collection:
+    """The outcome of one collection from one server: what it saw, or why it saw nothing."""
+
+    finished_at: float  # monotonic clock
+    duration: float
+    snapshot: ServerSnapshot | None = None  # None on failure
+    poolers: tuple[PoolerView, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Directory:
+    """The servers of one family (the configured targets, or one auth module's discovered
+    ones) by their identity: the first to claim an identity reads that server, and any other
+    that reaches it under another address reads through the first (`Server.reader`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._readers: dict[ServerIdentity, Server] = {}
+
+    def claim(self, server: Server, identity: ServerIdentity) -> Server:
+        """The server that reads `identity`: `server` itself unless another open one does."""
+        with self._lock:
+            for known, reader in list(self._readers.items()):
+                if reader is server and known != identity:  # restarted: a new identity
+                    del self._readers[known]
+            found = self._readers.get(identity)
+            if found is None or found.closed:
+                self._readers[identity] = found = server
+            return found
+
+    def release(self, server: Server) -> None:
+        with self._lock:
+            for known in [k for k, reader in self._readers.items() if reader is server]:
+                del self._readers[known]
+
+
+class Server:
+    """Collections of one server, shared by every target (and scrape) that reads it.
+
+    A scrape that finds a collection running waits for it; one that comes within
+    `min_interval` of the last collection gets that collection. So any number of targets,
+    Prometheus replicas and dashboards cause at most one read of pg_locks per interval.
+    Each collection runs on the pool, one at a time, within a deadline the watchdog keeps.
+    A server whose connection turns out to reach a server that another of its `directory`
+    already reads closes it and reads through that one (for SAME_SERVER_RECHECK at a time).
+    """
+
+    def __init__(
+        self,
+        config: TargetSettings,
+        pool: CollectionPool,
+        watchdog: Watchdog,
+        directory: Directory | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = config.name
+        self.config = config
+        self.settings = config.collection
+        self._pool = pool
+        self._watchdog = watchdog
+        self._directory = directory
+        self._clock = clock
+        self._connection = ServerConnection(config)
+        self._poolers = Poolers(config.poolers, self.settings)
+        # Shared between scrapes, the collection and the watchdog; guarded by _state.
+        self._state = threading.Lock()
+        self._task: Task[Collection] | None = None  # queued or running
+        self._task_submitted = 0.0
+        self._generation = 0  # which collection a deadline belongs to
+        self._expired = False  # the running collection passed its deadline
+        self._last: Collection | None = None
+        self._last_success_unix: float | None = None
+        self._last_collection_unix: float | None = None
+        self._errors_total = 0
+        self._via: Server | None = None  # the server this one reads through, until _via_until
+        self._via_until = 0.0
+        self._closed = False
+        self._targets: list[Target] = []  # that read this server (or through it)
+        self._through: set[Server] = set()  # servers that read through this one
+        self._changes = 0  # of _targets: which cached answer of answering() still holds
+        self._answering: tuple[object, Target | None] = ((), None)
+        # Used by the collection only, and collections of one server never overlap.
+        self._claimed: ServerIdentity | None = None
+        self._warned_privilege = False
+        self._logged_error: str | None = None
+        self._pooler_errors: dict[str, str | None] = {}
+
+    # -- who reads it ------------------------------------------------------------------------
+
+    def reader(self) -> Server:
+        """The server whose collections this one's targets get: itself, or the one it was
+        found to be (while that one is open and the recheck is not due)."""
+        server: Server = self
+        while (via := server._reading_through()) is not None:
+            server = via
+        return server
+
+    def _reading_through(self) -> Server | None:
+        with self._state:
+            via = self._via
+            if via is not None and (via.closed or self._clock() >= self._via_until):
+                self._via = None
+                via._forget_through(self)
+                return None
+            return via
+
+    def attach(self, target: Target) -> None:
+        with self._state:
+            self._targets.append(target)
+            self._changes += 1
+
+    def detach(self, target: Target) -> None:
+        with self._state:
+            if target in self._targets:
+                self._targets.remove(target)
+                self._changes += 1
+
+    def changed(self) -> None:
+        """A target's rank changed: which one answers for the server is worked out again."""
+        with self._state:
+            self._changes += 1
+
+    def targets(self) -> list[Target]:
+        """The targets that read this server, directly or through a server found to be it."""
+        with self._state:
+            found, through = list(self._targets), list(self._through)
+        for server in through:
+            if server.reader() is self:
+                found += server.targets()
+        return found
+
+    def answering(self) -> Target | None:
+        """Of the targets that read this server, the one that answers for it: of lowest
+        rank, a whole-server one or one of a database the server has (Target). Worked out
+        again only when the targets or the databases change: a fleet of names for one server
+        asks at every scrape, once per target."""
+        with self._state:
+            through = sorted(self._through, key=id)
+            databases = (
+                None
+                if self._last is None or self._last.snapshot is None
+                else (self._last.snapshot.databases)
+            )
+            key = (self._changes, databases, [(s, s._changes) for s in through])
+            cached_key, cached = self._answering
+        if cached_key == key and (cached is None or cached.server.reader() is self):
+            return cached
+        candidates = [
+            t
+            for t in self.targets()
+            if t.database is None or databases is None or t.database in databases
+        ]
+        found = min(candidates, key=lambda t: t.rank, default=None)
+        with self._state:
+            self._answering = (key, found)
+        return found
+
+    def _forget_through(self, server: Server) -> None:
+        with self._state:
+            self._through.discard(server)
+
+    @property
+    def registry(self) -> Registry:
+        """The key registry resolved on its connection."""
+        return self._connection.registry
+
+    @property
+    def closed(self) -> bool:
+        with self._state:
+            return self._closed
+
+    # -- scrapes ---------------------------------------------------------------------------
+
+    def begin(
+        self, urgent: bool = False, queue: list[tuple[Task[Collection], Priority]] | None = None
+    ) -> Collection | Future[Collection]:
+        """The last collection if it is recent enough, else the running (or a new) one.
+
+        While a failed connection waits out its backoff, the failure is the answer: no
+        worker is needed for it, so a fleet of unreachable servers costs next to nothing.
+        A new collection goes to the pool at once, or onto `queue` for the caller to
+        enqueue with the rest of a fleet's.
+        """
+        reader = self.reader()
+        if reader is not self:
+            return reader.begin(urgent, queue)
+        now = self._clock()
+        with self._state:
+            if self._task is not None:
+                if urgent:
+                    self._pool.expedite(self._task)
+                return self._task.future
+            last = self._last
+            if last is not None and (
+                now - last.finished_at < self.settings.min_interval
+                or self._connection.backing_off(now)
+            ):
+                return last
+            self._generation += 1
+            self._task_submitted = now
+            if urgent:
+                priority = Priority.URGENT
+            elif last is None:
+                priority = Priority.NEW
+            elif not last.ok:
+                priority = Priority.SUSPECT
+            else:
+                priority = Priority.ROUTINE
+            self._task = Task(partial(self._collect, self._generation))
+            if queue is None:
+                self._pool.enqueue([(self._task, priority)])
+            else:
+                queue.append((self._task, priority))
+            return self._task.future
+
+    def late(self) -> Collection:
+        """What a scrape reports when the collection is not done in time (it is not recorded:
+        the collection goes on, and is recorded when it ends or its deadline passes)."""
+        now = self._clock()
+        with self._state:
+            submitted = self._task_submitted
+        return Collection(now, now - submitted, error="collection timed out")
+
+    def last(self) -> Collection | None:
+        with self._state:
+            return self._last
+
+    def databases(self) -> frozenset[str] | None:
+        """The databases its last successful collection saw (templates left out), or None
+        before one succeeded."""
+        with self._state:
+            snapshot = None if self._last is None else self._last.snapshot
+        return None if snapshot is None else snapshot.databases
+
+    def counters(self) -> tuple[int, float | None, float | None]:
+        """Failed collections so far, and the Unix times of the last collection and of the
+        last successful one."""
+        with self._state:
+            return self._errors_total, self._last_collection_unix, self._last_success_unix
+
+    def close(self) -> None:
+        """Close the connection; one in use is interrupted, and its collection closes it."""
+        with self._state:
+            self._closed = True
+            via, self._via = self._via, None
+        if via is not None:
+            via._forget_through(self)
+        if self._directory is not None:
+            self._directory.release(self)
+        self._connection.close()
+        self._poolers.close()
+
+    # -- collection (one at a time, on the pool) -------------------------------------------
+
+    def _collect(self, generation: int) -> Collection:
+        started = self._clock()
+        alarm = self._watchdog.arm(self.settings.scrape_wait, partial(self._expire, generation))
+        try:
+            with self._connection.use():
+                collection = self._read(started)
+        except Exception:  # never let one server's bug take the exporter down
+            log.exception("collection failed unexpectedly", extra={"target": self.name})
+            collection = self._failed(started, "internal error, see the exporter's log")
+        finally:
+            self._watchdog.disarm(alarm)
+        with self._state:
+            expired = self._expired
+            self._expired = False
+        if expired:  # an interrupted connection is never used again
+            self._connection.drop()
+        with self._state:
+            self._last = collection
+            self._task = None
+            self._last_collection_unix = time.time()
+            if collection.ok:
+                self._last_success_unix = self._last_collection_unix
+        return collection
+
+    def _expire(self, generation: int) -> None:
+        """The watchdog's call when a collection passes its deadline."""
+        with self._state:
+            if self._generation != generation or self._task is None:
+                return  # that collection has ended
+            self._expired = True
+        log.warning(
+            "collection passed its deadline; cancelling it and closing the connection",
+            extra={"target": self.name, "deadline_seconds": self.settings.scrape_wait},
+        )
+        self._connection.interrupt()
+
+    def _read(self, started: float) -> Collection:
+        reused = self._connection.is_open()
+        try:
+            try:
+                snapshot = self._snapshot()
+            except psycopg.Error as exc:
+                if not (reused and self._connection_lost()):
+                    raise
+                # A server restart or a terminated backend leaves a dead connection behind;
+                # the first collection after it reconnects at once instead of reporting
+                # the target down.
+                log.info(
+                    "the connection was lost; reconnecting",
+                    extra={"target": self.name, "error": self._connection.redact(str(exc).strip())},
+                )
+                self._connection.drop()
+                snapshot = self._snapshot()
+        except _ReadThrough as through:
+            return through.collection
+        except CannotCollect as exc:
+            self._connection.drop()
+            return self._failed(started, str(exc))
+        except psycopg.Error as exc:
+            if self._connection_lost():
+                self._connection.drop()
+            return self._failed(started, self._describe(exc))
+        self._check_privilege(snapshot)
+        poolers = self._read_poolers(started)
+        finished = self._clock()
+        if self._logged_error is not None:
+            log.info("collection succeeded again", extra={"target": self.name})
+            self._logged_error = None
+        return Collection(finished, finished - started, snapshot, poolers)
+
+    def _snapshot(self) -> ServerSnapshot:
+        conn = self._connection.connection()
+        self._claim(self._connection.identity)
+        snapshot = read_snapshot(conn, self._connection.registry)
+        self._connection.saw_databases(snapshot.databases)  # a new one: catalog keys next time
+        return snapshot
+
+    def _claim(self, identity: ServerIdentity | None) -> None:
+        """At each new connection: read through the server that another address of this
+        one reaches, if its directory has one (raises _ReadThrough), else claim it."""
+        if self._directory is None or identity is None or identity == self._claimed:
+            return
+        reader = self._directory.claim(self, identity)
+        if reader is self:
+            self._claimed = identity
+            return
+        self._connection.drop()  # one connection to a server, not one per address
+        with self._state:
+            self._via, self._via_until = reader, self._clock() + SAME_SERVER_RECHECK
+        with reader._state:
+            reader._through.add(self)
+        log.warning(
+            "the same server as another target; reading it through that one",
+            extra={"target": self.name, "same_as": reader.name, "server": str(identity)},
+        )
+        last = reader.last()
+        now = self._clock()
+        raise _ReadThrough(
+            last
+            if last is not None
+            else Collection(now, 0.0, error=f"the same server as {reader.name}, not read yet")
+        )
+
+    def _read_poolers(self, started: float) -> tuple[PoolerView, ...]:
+        """The poolers, read after the server (so that they know its backends) for at most
+        POOLER_WAIT of what is left of the collection's time: a pooler never fails the
+        server's series, nor holds its worker for long."""
+        if not self._poolers:
+            return ()
+        left = self.settings.scrape_wait - _POOLER_MARGIN - (self._clock() - started)
+        budget = min(left, POOLER_WAIT, self.settings.scrape_wait * _POOLER_SHARE)
+        try:
+            views = self._poolers.read(self._watchdog, budget)
+        except Exception as exc:  # no thread to read them in, say: theirs, not the server's
+            error = f"cannot read: {type(exc).__name__}: {exc}"
+            views = tuple(PoolerView(c.name, error) for c in self.config.poolers)
+        for view in views:  # once per distinct error, as for the server
+            if view.error != self._pooler_errors.get(view.name):
+                if view.error is None:
+                    log.info("pooler read again", extra={"target": self.name, "pooler": view.name})
+                else:
+                    log.warning(
+                        "cannot read the pooler",
+                        extra={"target": self.name, "pooler": view.name, "error": view.error},
+                    )
+            self._pooler_errors[view.name] = view.error
+        return views
+
+    def _connection_lost(self) -> bool:
+        with self._state:
+            expired = self._expired
+        return not expired and self._connection.lost()
+
+    def _describe(self, exc: psycopg.Error) -> str:
+        with self._state:
+            expired = self._expired
+        if expired:
+            return (
+                f"{self._connection.unanswered(self.settings.scrape_wait)} (the collection's "
+                "deadline); the statement was cancelled and the connection closed"
+            )
+        return self._connection.redact(str(exc).strip())
+
+    def _failed(self, started: float, error: str) -> Collection:
+        with self._state:
+            self._errors_total += 1
+        # Once per distinct error: a fleet of servers that stay down must not flood the log.
+        if error != self._logged_error:
+            log.error("collection failed", extra={"target": self.name, "error": error})
+            self._logged_error = error
+        else:
+            log.debug("collection failed again", extra={"target": self.name, "error": error})
+        finished = self._clock()
+        return Collection(finished, finished - started, error=error)
+
+    def _check_privilege(self, snapshot: ServerSnapshot) -> None:
+        if snapshot.can_read_all_stats:
+            self._warned_privilege = False
+        elif not self._warned_privilege:
+            self._warned_privilege = True
+            role = self._connection.role
+            log.warning(
+                "the monitoring role cannot see other sessions' state: states are reported "
+                "as unknown and idle holders' ages are missing; fix with "
+                f'GRANT pg_read_all_stats TO "{role}"',
+                extra={"target": self.name, "role": role},
+            )
+
+
+class _ReadThrough(Exception):
+    """This server is another one under a second address: answer with that one's collection."""
+
+    def __init__(self, collection: Collection) -> None:
+        super().__init__()
+        self.collection = collection

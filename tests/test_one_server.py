@@ -1,0 +1,353 @@
+"""One server, one read, one count: the probes of many databases of one server, and targets
+that name one server twice, share one connection and one collection, count each lock once and
+page once per problem (a real Prometheus, the shipped rules)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import (
+    MONITOR_PASSWORD,
+    Cli,
+    Config,
+    RunningExporter,
+    Scrape,
+    Session,
+    StartExporter,
+    StartService,
+    start_prometheus,
+    wait_until,
+)
+
+from devtools.embedded_postgres import EmbeddedPostgres
+
+# Version-independent (tests/conftest.py): how the exporter shares a server's collections
+# between its targets, and how the rules count them.
+pytestmark = pytest.mark.any_version
+
+DATABASES = [f"shop{i:02}" for i in range(1, 11)]
+COLLECTION = "FROM pg_catalog.pg_locks"  # in the collection's statement only
+# Thresholds low enough that the test's locks fire the alerts: a lock held idle for a
+# second leaks, and any lock table entry is "nearly full" (the suite's server has about
+# 5,000 entries of capacity).
+RULES = (
+    "leaked_lock_after=1s",
+    "leaked_lock_for=1m",
+    "lock_table_warning=0.00001",
+    "lock_table_for=1m",
+)
+
+
+@pytest.fixture
+def databases(pg: EmbeddedPostgres) -> Iterator[list[str]]:
+    with pg.connect() as conn:
+        for name in DATABASES:
+            conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield DATABASES
+    finally:
+        with pg.connect() as conn:
+            for name in DATABASES:
+                conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def _module(tmp_path: Path) -> dict[str, Any]:
+    password_file = tmp_path / "monitor-password"
+    password_file.write_text(MONITOR_PASSWORD)
+    return {
+        "user": "monitor",
+        "password_file": str(password_file),
+        "options": {"sslmode": "disable"},
+        "allowed_targets": ["127.0.0.1/32"],
+    }
+
+
+def _exporter_connections(pg: EmbeddedPostgres) -> int:
+    with pg.connect() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg-advisory-exporter'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _held(pg: EmbeddedPostgres) -> int:
+    """Advisory lock entries granted now, as pg_locks counts them."""
+    with pg.connect() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _idle_holders(pg: EmbeddedPostgres) -> set[tuple[str, str, str]]:
+    """(database, application_name, state) of each session idle while holding an advisory
+    lock, in the exporter's words for its state."""
+    with pg.connect() as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT a.datname, a.application_name, replace(a.state, ' ', '_')"
+            " FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND l.granted AND a.state LIKE 'idle%'"
+        ).fetchall()
+    return {(str(d), str(n), str(s)) for d, n, s in rows}
+
+
+def _reads(pg: EmbeddedPostgres, seconds: float) -> int:
+    """The collections the server ran for the exporter's role within `seconds` from now, from
+    its statement log (the suite's server logs every statement of the role `monitor`)."""
+    start = pg.logfile.stat().st_size
+    time.sleep(seconds)
+    with pg.logfile.open("rb") as log:
+        log.seek(start)
+        return log.read().decode(errors="replace").count(COLLECTION)
+
+
+class Prometheus:
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def query(self, query: str) -> list[dict[str, Any]]:
+        url = (
+            f"http://127.0.0.1:{self.port}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+        )
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            found: list[dict[str, Any]] = json.load(answer)["data"]["result"]
+        return found
+
+    def value(self, query: str) -> float | None:
+        found = self.query(query)
+        assert len(found) <= 1, found
+        return float(found[0]["value"][1]) if found else None
+
+    def alerts(self, name: str) -> list[dict[str, str]]:
+        """The labels of each pending or firing alert of that name."""
+        return [r["metric"] for r in self.query(f'ALERTS{{alertname="{name}"}}')]
+
+
+def _prometheus(
+    start_service: StartService,
+    tmp_path: Path,
+    cli: Cli,
+    job: dict[str, Any],
+) -> Prometheus:
+    """Prometheus with the shipped rules (thresholds lowered) and this job, every second."""
+    rules = tmp_path / "rules.yml"
+    settings = [arg for setting in RULES for arg in ("--set", setting)]
+    rules.write_text(cli("rules", *settings, check=True).stdout)
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": "pg-advisory-exporter", **job}],
+    }
+    return Prometheus(start_prometheus(start_service, tmp_path, config))
+
+
+def _probes(exporter: RunningExporter, targets: list[str]) -> dict[str, Any]:
+    """The job that probes these targets one by one through the auth module `fleet`."""
+    return {
+        "metrics_path": "/probe",
+        "params": {"auth_module": ["fleet"]},
+        "static_configs": [{"targets": targets}],
+        "relabel_configs": [
+            {"source_labels": ["__address__"], "target_label": "__param_target"},
+            {"source_labels": ["__param_target"], "target_label": "instance"},
+            {"target_label": "__address__", "replacement": f"127.0.0.1:{exporter.port}"},
+        ],
+    }
+
+
+def _hold_locks(session: Session) -> None:
+    """A leaked session lock in shop03 (idle), and other holders elsewhere that do not leak:
+    two readers sharing a lock in shop05 (active statements would show as active; these are
+    transactions kept open by the test, idle in transaction but young), one in billing."""
+    session("billing-worker", "shop03").execute("SELECT pg_advisory_lock(7310001)")
+    for name in ("report-reader-1", "report-reader-2"):
+        reader = session(name, "shop05", autocommit=False)
+        reader.execute("SELECT pg_advisory_xact_lock_shared(2001, 81234)")
+    session("leader-elector", "billing").execute("SELECT pg_advisory_lock(42)")
+
+
+def test_a_real_prometheus_probing_ten_databases_reads_the_server_once_and_pages_once(
+    pg: EmbeddedPostgres,
+    databases: list[str],
+    session: Session,
+    start_exporter: StartExporter,
+    start_service: StartService,
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    config: Config = {
+        "collection": {"min_interval": "1s"},
+        "auth_modules": {"fleet": _module(tmp_path)},
+    }
+    exporter = start_exporter(config=config)
+    targets = [f"127.0.0.1:{pg.port}/{name}" for name in [*databases, "billing"]]
+    _hold_locks(session)
+    prometheus = _prometheus(start_service, tmp_path, cli, _probes(exporter, targets))
+
+    wait_until(
+        lambda: prometheus.value("count(pg_advisory_up == 1)") == len(targets),
+        60,
+        lambda: f"every probe up: {prometheus.query('pg_advisory_up')}",
+        0.5,
+    )
+    # One connection for the eleven probes, to the module's database, not one per database.
+    assert _exporter_connections(pg) == 1
+    scrape = exporter.scrape()
+    assert scrape.value("pg_advisory_exporter_discovered_targets") == len(targets)
+    assert scrape.value("pg_advisory_exporter_discovered_servers") == 1
+    # About one read of pg_locks per collection interval (1s), not one per probe (11/s).
+    window = 10.0
+    reads = _reads(pg, window)
+    assert 1 <= reads <= window + 2, f"{reads} reads of pg_locks in {window}s"
+
+    # Each lock counted once over the job, however many databases are probed.
+    held = 'sum(pg_advisory_locks{job="pg-advisory-exporter", granted="true"})'
+    wait_until(
+        lambda: prometheus.value(held) == _held(pg),
+        30,
+        lambda: f"{prometheus.value(held)} locks counted, {_held(pg)} held",
+        0.5,
+    )
+    # The lock table's series once, on one probe.
+    assert len(prometheus.query("pg_advisory_lock_table_entries")) == 1
+    assert len(prometheus.query("pg_advisory_exporter_collect_duration_seconds")) == 1
+
+    # One page per problem: the leak, on the database that holds it; the lock table, once.
+    pending = prometheus.alerts
+    wait_until(lambda: bool(pending("PgAdvisoryLockLeaked")), 30, "the leak pending", 0.5)
+    wait_until(lambda: bool(pending("PgLockTableNearlyFull")), 30, "the table pending", 0.5)
+    time.sleep(3)  # every probe has been scraped and every rule evaluated again since
+    # Every idle holder leaks at a second's threshold: each pages once, on its database's
+    # probe (with each probe answering for every database, each would page eleven times).
+    leaks = [
+        (a["target"], a["datname"], a["application_name"], a["state"])
+        for a in pending("PgAdvisoryLockLeaked")
+    ]
+    assert sorted(leaks) == sorted(
+        (f"127.0.0.1:{pg.port}/{datname}", datname, name, state)
+        for datname, name, state in _idle_holders(pg)
+    )
+    assert (f"127.0.0.1:{pg.port}/shop03", "shop03", "billing-worker", "idle") in leaks
+    [table] = pending("PgLockTableNearlyFull")
+    assert table["severity"] == "warning"
+    assert table["target"] in targets
+
+
+def test_two_configured_targets_on_one_server_read_it_once_and_page_once(
+    pg: EmbeddedPostgres,
+    databases: list[str],
+    session: Session,
+    start_exporter: StartExporter,
+    start_service: StartService,
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    """`orders` and `billing` name one address (two databases of it), `local` the same
+    server under another name: one connection, one read per collection, one count."""
+    password_file = tmp_path / "monitor-password"
+    password_file.write_text(MONITOR_PASSWORD)
+    dsn = "host={} port={} user=monitor dbname={}"
+    config: Config = {
+        "collection": {"min_interval": "1s"},
+        "targets": [
+            {
+                "name": name,
+                "dsn": dsn.format(host, pg.port, dbname),
+                "password_file": str(password_file),
+            }
+            for name, host, dbname in (
+                ("orders", "127.0.0.1", "postgres"),
+                ("billing", "127.0.0.1", "billing"),
+                ("local", "localhost", "postgres"),
+            )
+        ],
+    }
+    (tmp_path / "check.yaml").write_text(json.dumps(config))
+    checked = cli("--config.file", str(tmp_path / "check.yaml"), "--config.check", check=True)
+    assert re.search(
+        r"note: .*check\.yaml: targets\[1\]\.dsn \(billing\): the same server as target "
+        rf"'orders' \(targets\[0\], 127\.0\.0\.1:{pg.port}\)",
+        checked.stdout,
+    ), checked.stdout
+    exporter = start_exporter(config=config)
+    _hold_locks(session)
+    job = {"static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}
+    prometheus = _prometheus(start_service, tmp_path, cli, job)
+
+    wait_until(
+        lambda: prometheus.value("count(pg_advisory_up == 1)") == 3,
+        60,
+        lambda: f"every target up: {prometheus.query('pg_advisory_up')}",
+        0.5,
+    )
+    wait_until(lambda: _exporter_connections(pg) == 1, 10, "one connection for three targets")
+    window = 10.0
+    reads = _reads(pg, window)
+    assert 1 <= reads <= window + 2, f"{reads} reads of pg_locks in {window}s"
+    held = 'sum(pg_advisory_locks{job="pg-advisory-exporter", granted="true"})'
+    wait_until(
+        lambda: prometheus.value(held) == _held(pg),
+        30,
+        lambda: f"{prometheus.value(held)} locks counted, {_held(pg)} held",
+        0.5,
+    )
+    answered = exporter.scrape()
+    assert {labels["target"] for labels, _ in answered.find("pg_advisory_locks")} == {"orders"}
+    assert "the same server as another target" in exporter.log()
+    wait_until(lambda: bool(prometheus.alerts("PgAdvisoryLockLeaked")), 30, "the leak", 0.5)
+    wait_until(lambda: bool(prometheus.alerts("PgLockTableNearlyFull")), 30, "the table", 0.5)
+    time.sleep(3)
+    # Each leak once, on the target that answers for the server (each target of the three
+    # answering for every database, each would page three times).
+    leaks = [
+        (a["target"], a["datname"], a["application_name"], a["state"])
+        for a in prometheus.alerts("PgAdvisoryLockLeaked")
+    ]
+    assert sorted(leaks) == sorted(("orders", *holder) for holder in _idle_holders(pg))
+    assert [a["target"] for a in prometheus.alerts("PgLockTableNearlyFull")] == ["orders"]
+
+
+def test_made_up_databases_and_other_spellings_of_one_server_open_no_connection(
+    own_server: EmbeddedPostgres, start_exporter: StartExporter, tmp_path: Path
+) -> None:
+    """A flood of probes of databases that do not exist, and of the server's other names,
+    makes one connection to it in all (counted by the server's own connection log)."""
+    with own_server.connect() as conn:
+        conn.execute(f"CREATE ROLE monitor LOGIN PASSWORD '{MONITOR_PASSWORD}'")
+        conn.execute("GRANT pg_read_all_stats TO monitor")
+        conn.execute("ALTER SYSTEM SET log_connections = on")
+        conn.execute("SELECT pg_reload_conf()")
+    exporter = start_exporter(config={"auth_modules": {"fleet": _module(tmp_path)}})
+    server = f"127.0.0.1:{own_server.port}"
+
+    def probe(target: str) -> tuple[int, str]:
+        query = urllib.parse.urlencode({"target": target, "auth_module": "fleet"})
+        return exporter.get(f"/probe?{query}")
+
+    status, body = probe(f"{server}/postgres")
+    assert status == 200, body
+    assert Scrape(body).value("pg_advisory_up", target=f"{server}/postgres") == 1
+    for i in range(200):
+        status, body = probe(f"{server}/made_up_{i}")
+        assert status == 404, body
+        assert f"has no database 'made_up_{i}'" in body
+    for spelling in (server, f"{server}/template1", f"{server}/postgres"):
+        status, _ = probe(spelling)
+        assert status == (404 if "template" in spelling else 200), spelling
+    metrics = exporter.scrape()
+    refused = metrics.value("pg_advisory_exporter_probe_refusals_total", reason="no_such_database")
+    assert refused == 201
+    assert metrics.value("pg_advisory_exporter_discovered_servers") == 1
+    assert metrics.value("pg_advisory_exporter_discovered_targets") == 2
+    log = own_server.logfile.read_text(errors="replace")
+    assert len(re.findall(r"connection authorized: user=monitor", log)) == 1
