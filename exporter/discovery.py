@@ -43,6 +43,14 @@ def _port(text: str, what: str) -> int:
     return int(text)
 
 
+# One address has one name and one check, whichever form a probe or DNS gives it in.
+def _folded(address: IpAddress) -> IpAddress:
+    """An IPv4-mapped IPv6 address (::ffff:10.0.0.1) as the IPv4 address it reaches."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 def _host(text: str) -> str | IpAddress:
     """An IP address, or a host name in lower case without its trailing dot."""
     if text.startswith("["):
@@ -52,7 +60,7 @@ def _host(text: str) -> str | IpAddress:
             raise Refused(f"{text} is not an IPv6 address") from None
         if address.scope_id is not None:  # an interface of the exporter's host: not a target
             raise Refused(f"{text}: a target's address has no zone (%interface)")
-        return address
+        return _folded(address)
     try:
         return ipaddress.IPv4Address(text)
     except ValueError:
@@ -202,8 +210,8 @@ def _lookup(name: str) -> list[IpAddress]:
 
 
 def _distinct(addresses: Sequence[IpAddress]) -> list[IpAddress]:
-    """Each address once, in the order given."""
-    return list(dict.fromkeys(addresses))
+    """Each address once, as the exporter names it, in the order given."""
+    return list(dict.fromkeys(map(_folded, addresses)))
 
 
 # Lookups under way at once for names not known to resolve: a flood of names whose DNS

@@ -15,6 +15,9 @@ from pg_advisory_exporter.discovery import (
     IpAddress,
     Refused,
     Resolver,
+    TargetAddress,
+    parse_target,
+    resolve,
 )
 
 LOCALHOST = [ipaddress.IPv4Address("127.0.0.1")]
@@ -166,3 +169,22 @@ def test_a_lookup_that_fails_frees_its_place(dns: Dns) -> None:
         with pytest.raises(Refused, match="does not resolve"):
             resolver.resolve("nowhere.test", WAIT)
     assert resolver.resolve("good.test", WAIT) == LOCALHOST
+
+
+def test_an_ipv4_mapped_answer_is_its_ipv4_address(dns: Dns) -> None:
+    dns.answers["mapped.test"] = ["::ffff:10.0.0.1", "10.0.0.1", "2001:db8::1", "::ffff:10.0.0.2"]
+    assert Resolver(dns).resolve("mapped.test", WAIT) == [
+        ipaddress.IPv4Address("10.0.0.1"),
+        ipaddress.IPv6Address("2001:db8::1"),
+        ipaddress.IPv4Address("10.0.0.2"),
+    ]
+
+
+def test_an_ipv4_mapped_literal_is_its_ipv4_address() -> None:
+    mapped = parse_target("[::ffff:127.0.0.1]:5432", "postgres")
+    assert mapped == parse_target("127.0.0.1:5432", "postgres")
+    assert resolve(mapped, 0) == LOCALHOST  # a literal is not looked up
+    # Any other IPv6 address stays as it is.
+    assert resolve(TargetAddress(ipaddress.IPv6Address("::1"), 5432, "x"), 0) == [
+        ipaddress.IPv6Address("::1")
+    ]
