@@ -24,7 +24,7 @@ import socket
 import subprocess
 import threading
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import psycopg
@@ -174,6 +174,7 @@ def start_exporter(tmp_path: Path) -> Iterator[StartExporter]:
         config: Config | None = None,
         env: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
     ) -> RunningExporter:
         port = free_port()
         command = cli_command("--web.listen-address", f"{host}:{port}")
@@ -183,7 +184,7 @@ def start_exporter(tmp_path: Path) -> Iterator[StartExporter]:
             command += ["--config.file", str(config_path)]
         log_path = tmp_path / f"exporter-{port}.log"
         process = subprocess.Popen(
-            [*command, *args],
+            [*prefix, *command, *args],
             stdout=log_path.open("w"),
             stderr=subprocess.STDOUT,
             text=True,

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -335,7 +335,8 @@ class Session(Protocol):
 
 class StartExporter(Protocol):
     """The `start_exporter` fixture: the real daemon with these arguments, listening on a free
-    port of `host` ("" for every address)."""
+    port of `host` ("" for every address), run through the `prefix` command if any (which
+    must exec it, so that its process is the daemon's)."""
 
     def __call__(
         self,
@@ -343,6 +344,7 @@ class StartExporter(Protocol):
         config: Config | None = None,
         env: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
+        prefix: Sequence[str] = (),
     ) -> RunningExporter: ...
 
 

@@ -22,6 +22,7 @@ from pg_advisory_exporter.discovery import (
     TargetAddress,
     parse_allowed,
     parse_target,
+    resolve,
 )
 from pg_advisory_exporter.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.schema import ConfigError
@@ -37,6 +38,7 @@ from pg_advisory_exporter.target import Target
         ("db.example.com/billing", "db.example.com:5432/billing"),
         ("[::1]", "[::1]:5432"),
         ("[2001:DB8:0:0::1]:5433/x", "[2001:db8::1]:5433/x"),
+        ("[::ffff:127.0.0.1]:5432", "127.0.0.1:5432"),  # IPv4-mapped: one address
     ],
 )
 def test_a_target_is_normalised(text: str, name: str) -> None:
@@ -82,7 +84,8 @@ def test_normalising_twice_changes_nothing(
 ) -> None:
     host = f"[{address}]" if address.version == 6 else str(address)
     parsed = parse_target(f"{host}:{port}/{dbname}")
-    assert parsed == TargetAddress(address, port, dbname)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    assert parsed == TargetAddress(mapped or address, port, dbname)
     assert parse_target(parsed.name) == parsed
 
 
@@ -104,8 +107,9 @@ def test_networks_admit_the_addresses_in_them_on_their_port() -> None:
     assert _allows(["10.0.0.0/8:5432"], "10.0.0.1", "10.0.0.1")
     assert not _allows(["10.0.0.0/8:5432"], "10.0.0.1:5433", "10.0.0.1")
     assert _allows(["[fd00::/8]:5432"], "[fd00::1]", "fd00::1")
-    # An IPv4-mapped address is not the IPv4 network's.
-    assert not _allows(["10.0.0.0/8"], "[::ffff:10.0.0.1]", "::ffff:10.0.0.1")
+    # A probe's IPv4-mapped address is the IPv4 address it reaches, which the network holds.
+    mapped = parse_target("[::ffff:10.0.0.1]")
+    assert AllowList([parse_allowed("10.0.0.0/8")]).admits(mapped, resolve(mapped, 0))
 
 
 def test_a_name_is_admitted_only_if_every_address_is() -> None:
