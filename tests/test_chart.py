@@ -1348,3 +1348,34 @@ def test_a_real_prometheus_routes_each_discovered_database_to_one_shard(
     hosts = [f"{c}-rw.payments.svc.cluster.local" for c in clusters]
     assert routed == {f"{host}:5432": _hashmod(host, shards) for host in hosts}
     assert set(routed.values()) == set(range(shards))  # every shard gets databases
+
+
+def test_a_real_prometheus_routes_every_database_of_a_server_to_its_shard(
+    start_service: StartService, tmp_path: Path
+) -> None:
+    """The example's job in Prometheus 2.42, probing several databases of each server, the
+    port written or left out: every database of a server is probed at the one pod that
+    hashmod of the server's host picks, and every pod gets servers."""
+    hosts = [f"c{i:02d}-rw.payments.svc.cluster.local" for i in range(30)]
+    hosts += ["10.96.7.12", "[fd00:10:96::7:12]"]
+    spellings = ("{}:5432/app", "{}:5432/orders", "{}/billing", "{}")
+    # Static targets carry their __param_target in place of the example's rule that makes it
+    # from a Service's name (which names no database); every other rule is the example's.
+    static_configs = [
+        {
+            "targets": [f"c{index:02d}-rw:5432"],
+            "labels": {**_cnpg_service(f"c{index:02d}"), "__param_target": spelling.format(host)},
+        }
+        for index, host in enumerate(hosts)
+        for spelling in spellings
+    ]
+    job = _example_job_without_kubernetes(static_configs)
+    rules = job["relabel_configs"]
+    (setting,) = [rule for rule in rules if rule.get("target_label") == "__param_target"]
+    rules.remove(setting)
+    count = len(hosts) * len(spellings)
+    routed, shards = _routed_by_a_real_prometheus(start_service, tmp_path, job, count)
+    assert sorted(routed) == sorted(s.format(host) for host in hosts for s in spellings)
+    servers = {host: {routed[s.format(host)] for s in spellings} for host in hosts}
+    assert servers == {host: {_hashmod(host, shards)} for host in hosts}
+    assert set(routed.values()) == set(range(shards))  # every shard gets servers
