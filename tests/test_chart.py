@@ -1272,17 +1272,23 @@ def test_what_sharding_cannot_do_fails_the_render(values: Values, message: str) 
         render_files({**values, "sharding": {"shards": 2}})
 
 
-def _example_job_without_kubernetes(services: list[dict[str, str]]) -> dict[str, Any]:
+def _example_job_without_kubernetes(static_configs: list[dict[str, Any]]) -> dict[str, Any]:
     """The example's Prometheus job, the Services that Kubernetes discovery would find given
     as static targets carrying its labels: Debian's Prometheus has no Kubernetes discovery."""
     prometheus = yaml.safe_load(EXAMPLE_PROMETHEUS.read_text())
     (job,) = prometheus["prometheus"]["prometheusSpec"]["additionalScrapeConfigs"]
     assert job.pop("kubernetes_sd_configs") == [{"role": "service"}]
-    job["static_configs"] = [
-        {"targets": [f"{meta['__meta_kubernetes_service_name']}:5432"], "labels": meta}
-        for meta in services
-    ]
+    job["static_configs"] = static_configs
     return dict(job)
+
+
+def _cnpg_service(cluster: str, role: str = "rw") -> dict[str, str]:
+    """The labels Kubernetes discovery gives a CloudNativePG cluster's Service."""
+    return {
+        "__meta_kubernetes_service_label_cnpg_io_cluster": cluster,
+        "__meta_kubernetes_service_name": f"{cluster}-{role}",
+        "__meta_kubernetes_namespace": "payments",
+    }
 
 
 def _hashmod(value: str, modulus: int) -> int:
@@ -1290,48 +1296,86 @@ def _hashmod(value: str, modulus: int) -> int:
     return int.from_bytes(hashlib.md5(value.encode()).digest()[8:], "big") % modulus
 
 
-def test_a_real_prometheus_routes_each_discovered_database_to_one_shard(
-    start_service: StartService, tmp_path: Path
-) -> None:
-    """The example's job in Prometheus 2.42: every CloudNativePG read-write Service is probed
-    at one pod of the StatefulSet, the one hashmod of its target picks, by its stable name."""
+def _routed_by_a_real_prometheus(
+    start_service: StartService, tmp_path: Path, job: dict[str, Any], count: int
+) -> tuple[dict[str, int], int]:
+    """The job in Prometheus 2.42, once it has its `count` targets: the shard each probe's
+    target goes to (a pod of the example chart's StatefulSet, by its stable name, with its
+    auth module), and the number of shards."""
     documents = render(VALUE_SETS["example-sharded-discovery"])
     statefulset, service = only(documents, "StatefulSet"), only(documents, "Service")
-    shards = statefulset["spec"]["replicas"]
-    clusters = [f"c{i:02d}" for i in range(30)]
-    services = [
-        {
-            "__meta_kubernetes_service_label_cnpg_io_cluster": cluster,
-            "__meta_kubernetes_service_name": f"{cluster}-{role}",
-            "__meta_kubernetes_namespace": "payments",
-        }
-        for cluster in clusters
-        for role in ("rw", "ro")  # only the read-write ones are kept
-    ]
-    job = _example_job_without_kubernetes(services)
     assert job["job_name"] == Thresholds().exporter_job
     modules = list(yaml.safe_load(config_text(documents))["auth_modules"])
     config = {"global": {"scrape_interval": "1h"}, "scrape_configs": [job]}
     port = start_prometheus(start_service, tmp_path, config)
     active: list[dict[str, Any]] = []
 
-    def every_database_found() -> bool:
+    def every_target_found() -> bool:
         url = f"http://127.0.0.1:{port}/api/v1/targets?state=active"
         with urllib.request.urlopen(url, timeout=10) as answer:
             active[:] = json.load(answer)["data"]["activeTargets"]
-        return len(active) == len(clusters)
+        return len(active) == count
 
-    wait_until(every_database_found, 30, lambda: f"{len(clusters)} targets, not {active}", 0.5)
-    routed: dict[str, int] = {}
+    wait_until(every_target_found, 30, lambda: f"{count} targets, not {active}", 0.5)
     name, headless = statefulset["metadata"]["name"], service["metadata"]["name"]
+    pod = re.compile(rf"{re.escape(name)}-([0-9]+)\.{re.escape(headless)}\.{NAMESPACE}\.svc:9846")
+    routed: dict[str, int] = {}
     for target in active:
         url = urllib.parse.urlsplit(target["scrapeUrl"])
         query = urllib.parse.parse_qs(url.query)
         assert query["auth_module"] == modules
-        (database,) = query["target"]
-        assert target["labels"]["instance"] == database
-        shard = _hashmod(database, shards)
-        assert url.netloc == f"{name}-{shard}.{headless}.{NAMESPACE}.svc:9846"
-        routed[database] = shard
-    assert sorted(routed) == [f"{c}-rw.payments.svc.cluster.local:5432" for c in clusters]
+        (probed,) = query["target"]
+        assert target["labels"]["instance"] == probed
+        address = pod.fullmatch(url.netloc)
+        assert address, f"{probed} is probed at {url.netloc}, no pod of {name}"
+        routed[probed] = int(address[1])
+    return routed, statefulset["spec"]["replicas"]
+
+
+def test_a_real_prometheus_routes_each_discovered_database_to_one_shard(
+    start_service: StartService, tmp_path: Path
+) -> None:
+    """The example's job in Prometheus 2.42: every CloudNativePG read-write Service is probed
+    at one pod of the StatefulSet, the one hashmod of its host picks, by its stable name."""
+    clusters = [f"c{i:02d}" for i in range(30)]
+    services = [
+        {"targets": [f"{cluster}-{role}:5432"], "labels": _cnpg_service(cluster, role)}
+        for cluster in clusters
+        for role in ("rw", "ro")  # only the read-write ones are kept
+    ]
+    job = _example_job_without_kubernetes(services)
+    routed, shards = _routed_by_a_real_prometheus(start_service, tmp_path, job, len(clusters))
+    hosts = [f"{c}-rw.payments.svc.cluster.local" for c in clusters]
+    assert routed == {f"{host}:5432": _hashmod(host, shards) for host in hosts}
     assert set(routed.values()) == set(range(shards))  # every shard gets databases
+
+
+def test_a_real_prometheus_routes_every_database_of_a_server_to_its_shard(
+    start_service: StartService, tmp_path: Path
+) -> None:
+    """The example's job in Prometheus 2.42, probing several databases of each server, the
+    port written or left out: every database of a server is probed at the one pod that
+    hashmod of the server's host picks, and every pod gets servers."""
+    hosts = [f"c{i:02d}-rw.payments.svc.cluster.local" for i in range(30)]
+    hosts += ["10.96.7.12", "[fd00:10:96::7:12]"]
+    spellings = ("{}:5432/app", "{}:5432/orders", "{}/billing", "{}")
+    # Static targets carry their __param_target in place of the example's rule that makes it
+    # from a Service's name (which names no database); every other rule is the example's.
+    static_configs = [
+        {
+            "targets": [f"c{index:02d}-rw:5432"],
+            "labels": {**_cnpg_service(f"c{index:02d}"), "__param_target": spelling.format(host)},
+        }
+        for index, host in enumerate(hosts)
+        for spelling in spellings
+    ]
+    job = _example_job_without_kubernetes(static_configs)
+    rules = job["relabel_configs"]
+    (setting,) = [rule for rule in rules if rule.get("target_label") == "__param_target"]
+    rules.remove(setting)
+    count = len(hosts) * len(spellings)
+    routed, shards = _routed_by_a_real_prometheus(start_service, tmp_path, job, count)
+    assert sorted(routed) == sorted(s.format(host) for host in hosts for s in spellings)
+    servers = {host: {routed[s.format(host)] for s in spellings} for host in hosts}
+    assert servers == {host: {_hashmod(host, shards)} for host in hosts}
+    assert set(routed.values()) == set(range(shards))  # every shard gets servers
