@@ -1359,6 +1359,8 @@ def test_a_real_prometheus_routes_every_database_of_a_server_to_its_shard(
     hosts = [f"c{i:02d}-rw.payments.svc.cluster.local" for i in range(30)]
     hosts += ["10.96.7.12", "[fd00:10:96::7:12]"]
     spellings = ("{}:5432/app", "{}:5432/orders", "{}/billing", "{}")
+    # A name in capitals with a trailing dot is the same server to the exporter.
+    shouted = [f"{host.upper()}.:5432/shop" for host in hosts if host[0].isalpha()]
     # Static targets carry their __param_target in place of the example's rule that makes it
     # from a Service's name (which names no database); every other rule is the example's.
     static_configs = [
@@ -1368,14 +1370,23 @@ def test_a_real_prometheus_routes_every_database_of_a_server_to_its_shard(
         }
         for index, host in enumerate(hosts)
         for spelling in spellings
+    ] + [
+        {
+            "targets": [f"c{index:02d}-rw:5432"],
+            "labels": {**_cnpg_service(f"c{index:02d}"), "__param_target": target},
+        }
+        for index, target in enumerate(shouted)
     ]
     job = _example_job_without_kubernetes(static_configs)
     rules = job["relabel_configs"]
     (setting,) = [rule for rule in rules if rule.get("target_label") == "__param_target"]
     rules.remove(setting)
-    count = len(hosts) * len(spellings)
+    count = len(hosts) * len(spellings) + len(shouted)
     routed, shards = _routed_by_a_real_prometheus(start_service, tmp_path, job, count)
-    assert sorted(routed) == sorted(s.format(host) for host in hosts for s in spellings)
+    written = [s.format(host) for host in hosts for s in spellings]
+    assert sorted(routed) == sorted(written + shouted)
     servers = {host: {routed[s.format(host)] for s in spellings} for host in hosts}
+    for target in shouted:
+        servers[target.split(".:")[0].lower()].add(routed[target])
     assert servers == {host: {_hashmod(host, shards)} for host in hosts}
     assert set(routed.values()) == set(range(shards))  # every shard gets servers
