@@ -157,45 +157,64 @@ class DiscoveredTargets:
         addresses: list[IpAddress],
         timeout: float | None,
     ) -> Target | ProbeRefused:
-        now = self._clock()
         key = (module.name, address.name)
+        found = self._kept_or_server(key, module, address, addresses)
+        if not isinstance(found, tuple):
+            return found
+        server_key, server = found
+        if address.dbname is not None and not self._has_database(server, address, timeout):
+            # Nothing kept for it: a flood of made-up names costs the server nothing.
+            return self._no_database(address)
+        return self._made_target(key, module, address, server_key, server)
+
+    def _kept_or_server(
+        self,
+        key: tuple[str, str],
+        module: AuthModuleSettings,
+        address: TargetAddress,
+        addresses: list[IpAddress],
+    ) -> Target | ProbeRefused | tuple[ServerKey, Server]:
+        """The kept target, or the server to make it on (ProbeRefused past the cap)."""
+        now = self._clock()
+        gone = None
         with self._lock:
             kept = self._kept.get(key)
             # Kept while its name still resolves to the address its server was checked at
             # (a name with several, in an order that changes, keeps its server): its module
             # is the same (update() closes the targets of one that changed), so its settings.
             server_kept = None if kept is None else self._servers.get(kept.server)
-            if kept is not None and server_kept is not None and kept.server[1] in addresses:
+            if kept is None or server_kept is None or kept.server[1] not in addresses:
+                found = self._server(module, address, addresses, now, new_target=kept is None)
+            else:
+                found = None
                 kept.last_probe = server_kept.last_probe = now
-                return kept.target
-            found = self._server(module, address, addresses, now, new_target=kept is None)
-        if found is None:
-            return self._full(address)
-        server_key, server = found
-        if address.dbname is not None and not self._has_database(server, address, timeout):
-            # Nothing kept for it: a flood of made-up names costs the server nothing.
-            return self._refuse(
-                Refusal.NO_SUCH_DATABASE,
-                f"{address.server} has no database {address.dbname!r} (templates are not "
-                "collected); the databases are read from its last collection",
-            )
+                databases = server_kept.server.reader().databases()
+                if address.dbname is None or databases is None or address.dbname in databases:
+                    return kept.target
+                # Kept while the server could not be read, or dropped since: forgotten.
+                gone = self._kept.pop(key).target
+        if gone is not None:
+            self._close([gone], "its server has no such database")
+            return self._no_database(address)
+        return self._full(address) if found is None else found
+
+    def _made_target(
+        self,
+        key: tuple[str, str],
+        module: AuthModuleSettings,
+        address: TargetAddress,
+        server_key: ServerKey,
+        server: Server,
+    ) -> Target | ProbeRefused:
+        """A new target on the server, in place of one whose name resolved elsewhere."""
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None and kept.server == server_key:  # made meanwhile
                 return kept.target
             full = kept is None and len(self._kept) >= self._settings.max
             if not full:
-                whole = 0 if address.dbname is None else 1  # a whole-server target first
-                target = Target(
-                    server.config.model_copy(update={"name": address.name}),
-                    self._pool,
-                    self._watchdog,
-                    server=server,
-                    database=address.dbname,
-                    rank=(whole, next(self._made)),
-                    serves_locks=False,  # /locks serves the configured targets only
-                )
-                self._kept[key] = _Kept(target, server_key, now)
+                target = self._new_target(address, server)
+                self._kept[key] = _Kept(target, server_key, self._clock())
                 self._start_sweeping()
         if full:
             return self._full(address)
@@ -203,6 +222,25 @@ class DiscoveredTargets:
             self._close([kept.target], "its host name resolves to another address now")
         log.info("discovered target", extra={"target": address.name, "auth_module": module.name})
         return target
+
+    def _new_target(self, address: TargetAddress, server: Server) -> Target:
+        whole = 0 if address.dbname is None else 1  # a whole-server target first
+        return Target(
+            server.config.model_copy(update={"name": address.name}),
+            self._pool,
+            self._watchdog,
+            server=server,
+            database=address.dbname,
+            rank=(whole, next(self._made)),
+            serves_locks=False,  # /locks serves the configured targets only
+        )
+
+    def _no_database(self, address: TargetAddress) -> ProbeRefused:
+        return self._refuse(
+            Refusal.NO_SUCH_DATABASE,
+            f"{address.server} has no database {address.dbname!r} (templates are not "
+            "collected); the databases are read from its last collection",
+        )
 
     def _full(self, address: TargetAddress) -> ProbeRefused:
         return self._refuse(

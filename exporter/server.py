@@ -119,6 +119,7 @@ class Server:
         self._expired = False  # the running collection passed its deadline
         self._last: Collection | None = None
         self._last_success_unix: float | None = None
+        self._databases: frozenset[str] | None = None  # the last successful collection saw
         self._last_collection_unix: float | None = None
         self._errors_total = 0
         self._via: Server | None = None  # the server this one reads through, until _via_until
@@ -185,11 +186,7 @@ class Server:
         asks at every scrape, once per target."""
         with self._state:
             through = sorted(self._through, key=id)
-            databases = (
-                None
-                if self._last is None or self._last.snapshot is None
-                else (self._last.snapshot.databases)
-            )
+            databases = self._databases
             key = (self._changes, databases, [(s, s._changes) for s in through])
             cached_key, cached = self._answering
         if cached_key == key and (cached is None or cached.server.reader() is self):
@@ -278,8 +275,7 @@ class Server:
         """The databases its last successful collection saw (templates left out), or None
         before one succeeded."""
         with self._state:
-            snapshot = None if self._last is None else self._last.snapshot
-        return None if snapshot is None else snapshot.databases
+            return self._databases
 
     def counters(self) -> tuple[int, float | None, float | None]:
         """Failed collections so far, and the Unix times of the last collection and of the
@@ -323,6 +319,8 @@ class Server:
             self._last_collection_unix = time.time()
             if collection.ok:
                 self._last_success_unix = self._last_collection_unix
+            if collection.snapshot is not None:
+                self._databases = collection.snapshot.databases
         return collection
 
     def _expire(self, generation: int) -> None:
