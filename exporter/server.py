@@ -25,7 +25,8 @@ from .snapshot import ServerSnapshot, read_snapshot
 if TYPE_CHECKING:
     from .target import Target
 
-log = logging.getLogger(__name__)
+# The collection's lines keep the logger they were published under (logger=...target).
+log = logging.getLogger(f"{__package__}.target")
 
 # Seconds of a collection's deadline kept back from its poolers' reads, so that a pooler that
 # does not answer never makes the server's series late.

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,6 +84,43 @@ def snapshot_of(*backends: BackendLocks) -> ServerSnapshot:
         backend_table_entries_max=max((b.table_entries for b in backends), default=0),
         backends=backends,
     )
+
+
+def monitor_module(tmp_path: Path, *allowed: str) -> dict[str, Any]:
+    """An auth module of the suite's monitoring role (its password in a file under
+    `tmp_path`), allowed these targets, as the file gives it."""
+    password_file = tmp_path / "monitor-password"
+    password_file.write_text(MONITOR_PASSWORD)
+    return {
+        "user": "monitor",
+        "password_file": str(password_file),
+        "options": {"sslmode": "disable"},
+        "allowed_targets": list(allowed),
+    }
+
+
+class Clock:
+    """A monotonic clock that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextlib.contextmanager
+def databases_on(pg: EmbeddedPostgres, names: list[str]) -> Iterator[list[str]]:
+    """These databases on the server, for the test's length."""
+    with pg.connect() as conn:
+        for name in names:
+            conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield names
+    finally:
+        with pg.connect() as conn:
+            for name in names:
+                conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 def wait_until(

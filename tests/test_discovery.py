@@ -22,6 +22,8 @@ from support import (
     Scrape,
     StartExporter,
     StartService,
+    databases_on,
+    monitor_module,
     wait_until,
 )
 
@@ -29,17 +31,6 @@ from devtools.embedded_postgres import EmbeddedPostgres
 
 DATABASES = [f"d{i:02}" for i in range(1, 31)]
 KEPT = DATABASES[:10]
-
-
-def _module(tmp_path: Path, *allowed: str) -> dict[str, Any]:
-    password_file = tmp_path / "monitor-password"
-    password_file.write_text(MONITOR_PASSWORD)
-    return {
-        "user": "monitor",
-        "password_file": str(password_file),
-        "options": {"sslmode": "disable"},
-        "allowed_targets": list(allowed),
-    }
 
 
 def _connections(pg: EmbeddedPostgres) -> dict[str, int]:
@@ -54,17 +45,8 @@ def _connections(pg: EmbeddedPostgres) -> dict[str, int]:
 
 @pytest.fixture
 def databases(pg: EmbeddedPostgres) -> Iterator[list[str]]:
-    with pg.connect() as conn:
-        conn.autocommit = True
-        for name in DATABASES:
-            conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield DATABASES
-    finally:
-        with pg.connect() as conn:
-            conn.autocommit = True
-            for name in DATABASES:
-                conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with databases_on(pg, DATABASES) as made:
+        yield made
 
 
 def _write_targets(path: Path, targets: list[str]) -> None:
@@ -91,7 +73,7 @@ def test_a_real_prometheus_probes_thirty_discovered_databases(
     idle_after = 2.0
     exporter = start_exporter(
         config={
-            "auth_modules": {"fleet": _module(tmp_path, "127.0.0.1/32")},
+            "auth_modules": {"fleet": monitor_module(tmp_path, "127.0.0.1/32")},
             "discovered_targets": {"idle_after": f"{idle_after}s"},
         }
     )
@@ -213,10 +195,10 @@ def test_what_the_allow_list_refuses_nothing_connects_to(
     config: Config = {
         "targets": [{"name": "main", "dsn": monitor_dsn}],
         "auth_modules": {
-            "fleet": _module(tmp_path, "127.0.0.1/32"),
+            "fleet": monitor_module(tmp_path, "127.0.0.1/32"),
             # An allowed name that resolves to the exporter's own host: refused, since only
             # a network of the list may admit a loopback address.
-            "names": _module(tmp_path, f"localhost:{listener.port}"),
+            "names": monitor_module(tmp_path, f"localhost:{listener.port}"),
         },
     }
     exporter = start_exporter(config=config)
@@ -246,7 +228,7 @@ def test_the_cap_refuses_new_targets_and_a_reload_closes_what_is_no_longer_allow
 ) -> None:
     def config(*allowed: str) -> Config:
         return {
-            "auth_modules": {"fleet": _module(tmp_path, *allowed)},
+            "auth_modules": {"fleet": monitor_module(tmp_path, *allowed)},
             "discovered_targets": {"max": 2},
         }
 

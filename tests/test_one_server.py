@@ -23,6 +23,8 @@ from support import (
     Session,
     StartExporter,
     StartService,
+    databases_on,
+    monitor_module,
     start_prometheus,
     wait_until,
 )
@@ -48,26 +50,8 @@ RULES = (
 
 @pytest.fixture
 def databases(pg: EmbeddedPostgres) -> Iterator[list[str]]:
-    with pg.connect() as conn:
-        for name in DATABASES:
-            conn.execute(f"CREATE DATABASE {name}")
-    try:
-        yield DATABASES
-    finally:
-        with pg.connect() as conn:
-            for name in DATABASES:
-                conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
-
-
-def _module(tmp_path: Path) -> dict[str, Any]:
-    password_file = tmp_path / "monitor-password"
-    password_file.write_text(MONITOR_PASSWORD)
-    return {
-        "user": "monitor",
-        "password_file": str(password_file),
-        "options": {"sslmode": "disable"},
-        "allowed_targets": ["127.0.0.1/32"],
-    }
+    with databases_on(pg, DATABASES) as made:
+        yield made
 
 
 def _exporter_connections(pg: EmbeddedPostgres) -> int:
@@ -151,6 +135,46 @@ def _prometheus(
     return Prometheus(start_prometheus(start_service, tmp_path, config))
 
 
+def _all_up(prometheus: Prometheus, count: int) -> None:
+    wait_until(
+        lambda: prometheus.value("count(pg_advisory_up == 1)") == count,
+        60,
+        lambda: f"{count} targets up: {prometheus.query('pg_advisory_up')}",
+        0.5,
+    )
+
+
+def _read_once_per_collection(pg: EmbeddedPostgres, targets: int) -> None:
+    """About one read of pg_locks per collection interval (min_interval 1s), not one per
+    target (`targets` a second)."""
+    window = 10.0
+    reads = _reads(pg, window)
+    print(f"{reads} reads of pg_locks in {window:g}s for {targets} targets scraped every second")
+    assert 1 <= reads <= window + 2, f"{reads} reads of pg_locks in {window}s"
+
+
+def _each_lock_counted_once(prometheus: Prometheus, pg: EmbeddedPostgres) -> None:
+    held = 'sum(pg_advisory_locks{job="pg-advisory-exporter", granted="true"})'
+    wait_until(
+        lambda: prometheus.value(held) == _held(pg),
+        30,
+        lambda: f"{prometheus.value(held)} locks counted, {_held(pg)} held",
+        0.5,
+    )
+
+
+def _leaks_and_table_pending(prometheus: Prometheus) -> list[tuple[str, ...]]:
+    """Once both alerts are pending, and every target has been scraped and every rule
+    evaluated again since: each leak's (target, datname, application_name, state)."""
+    names = ("PgAdvisoryLockLeaked", "PgLockTableNearlyFull")
+    wait_until(lambda: all(prometheus.alerts(n) for n in names), 30, f"{names} pending", 0.5)
+    time.sleep(3)
+    return [
+        (a["target"], a["datname"], a["application_name"], a["state"])
+        for a in prometheus.alerts("PgAdvisoryLockLeaked")
+    ]
+
+
 def _probes(exporter: RunningExporter, targets: list[str]) -> dict[str, Any]:
     """The job that probes these targets one by one through the auth module `fleet`."""
     return {
@@ -187,59 +211,35 @@ def test_a_real_prometheus_probing_ten_databases_reads_the_server_once_and_pages
 ) -> None:
     config: Config = {
         "collection": {"min_interval": "1s"},
-        "auth_modules": {"fleet": _module(tmp_path)},
+        "auth_modules": {"fleet": monitor_module(tmp_path, "127.0.0.1/32")},
     }
     exporter = start_exporter(config=config)
     targets = [f"127.0.0.1:{pg.port}/{name}" for name in [*databases, "billing"]]
     _hold_locks(session)
     prometheus = _prometheus(start_service, tmp_path, cli, _probes(exporter, targets))
 
-    wait_until(
-        lambda: prometheus.value("count(pg_advisory_up == 1)") == len(targets),
-        60,
-        lambda: f"every probe up: {prometheus.query('pg_advisory_up')}",
-        0.5,
-    )
+    _all_up(prometheus, len(targets))
     # One connection for the eleven probes, to the module's database, not one per database.
     assert _exporter_connections(pg) == 1
     scrape = exporter.scrape()
     assert scrape.value("pg_advisory_exporter_discovered_targets") == len(targets)
     assert scrape.value("pg_advisory_exporter_discovered_servers") == 1
-    # About one read of pg_locks per collection interval (1s), not one per probe (11/s).
-    window = 10.0
-    reads = _reads(pg, window)
-    print(f"{reads} reads of pg_locks in {window:g}s for {len(targets)} probes every second")
-    assert 1 <= reads <= window + 2, f"{reads} reads of pg_locks in {window}s"
-
-    # Each lock counted once over the job, however many databases are probed.
-    held = 'sum(pg_advisory_locks{job="pg-advisory-exporter", granted="true"})'
-    wait_until(
-        lambda: prometheus.value(held) == _held(pg),
-        30,
-        lambda: f"{prometheus.value(held)} locks counted, {_held(pg)} held",
-        0.5,
-    )
+    _read_once_per_collection(pg, len(targets))
+    _each_lock_counted_once(prometheus, pg)
     # The lock table's series once, on one probe.
     assert len(prometheus.query("pg_advisory_lock_table_entries")) == 1
     assert len(prometheus.query("pg_advisory_exporter_collect_duration_seconds")) == 1
 
-    # One page per problem: the leak, on the database that holds it; the lock table, once.
-    pending = prometheus.alerts
-    wait_until(lambda: bool(pending("PgAdvisoryLockLeaked")), 30, "the leak pending", 0.5)
-    wait_until(lambda: bool(pending("PgLockTableNearlyFull")), 30, "the table pending", 0.5)
-    time.sleep(3)  # every probe has been scraped and every rule evaluated again since
-    # Every idle holder leaks at a second's threshold: each pages once, on its database's
-    # probe (with each probe answering for every database, each would page eleven times).
-    leaks = [
-        (a["target"], a["datname"], a["application_name"], a["state"])
-        for a in pending("PgAdvisoryLockLeaked")
-    ]
+    # One page per problem. Every idle holder leaks at a second's threshold: each pages once,
+    # on its database's probe (with each probe answering for every database, each would page
+    # eleven times); the lock table pages once.
+    leaks = _leaks_and_table_pending(prometheus)
     assert sorted(leaks) == sorted(
         (f"127.0.0.1:{pg.port}/{datname}", datname, name, state)
         for datname, name, state in _idle_holders(pg)
     )
     assert (f"127.0.0.1:{pg.port}/shop03", "shop03", "billing-worker", "idle") in leaks
-    [table] = pending("PgLockTableNearlyFull")
+    [table] = prometheus.alerts("PgLockTableNearlyFull")
     assert table["severity"] == "warning"
     assert table["target"] in targets
 
@@ -285,36 +285,16 @@ def test_two_configured_targets_on_one_server_read_it_once_and_page_once(
     job = {"static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}
     prometheus = _prometheus(start_service, tmp_path, cli, job)
 
-    wait_until(
-        lambda: prometheus.value("count(pg_advisory_up == 1)") == 3,
-        60,
-        lambda: f"every target up: {prometheus.query('pg_advisory_up')}",
-        0.5,
-    )
+    _all_up(prometheus, 3)
     wait_until(lambda: _exporter_connections(pg) == 1, 10, "one connection for three targets")
-    window = 10.0
-    reads = _reads(pg, window)
-    print(f"{reads} reads of pg_locks in {window:g}s for 3 targets scraped every second")
-    assert 1 <= reads <= window + 2, f"{reads} reads of pg_locks in {window}s"
-    held = 'sum(pg_advisory_locks{job="pg-advisory-exporter", granted="true"})'
-    wait_until(
-        lambda: prometheus.value(held) == _held(pg),
-        30,
-        lambda: f"{prometheus.value(held)} locks counted, {_held(pg)} held",
-        0.5,
-    )
+    _read_once_per_collection(pg, 3)
+    _each_lock_counted_once(prometheus, pg)
     answered = exporter.scrape()
     assert {labels["target"] for labels, _ in answered.find("pg_advisory_locks")} == {"orders"}
     assert "the same server as another target" in exporter.log()
-    wait_until(lambda: bool(prometheus.alerts("PgAdvisoryLockLeaked")), 30, "the leak", 0.5)
-    wait_until(lambda: bool(prometheus.alerts("PgLockTableNearlyFull")), 30, "the table", 0.5)
-    time.sleep(3)
     # Each leak once, on the target that answers for the server (each target of the three
     # answering for every database, each would page three times).
-    leaks = [
-        (a["target"], a["datname"], a["application_name"], a["state"])
-        for a in prometheus.alerts("PgAdvisoryLockLeaked")
-    ]
+    leaks = _leaks_and_table_pending(prometheus)
     assert sorted(leaks) == sorted(("orders", *holder) for holder in _idle_holders(pg))
     assert [a["target"] for a in prometheus.alerts("PgLockTableNearlyFull")] == ["orders"]
 
@@ -329,7 +309,9 @@ def test_made_up_databases_and_other_spellings_of_one_server_open_no_connection(
         conn.execute("GRANT pg_read_all_stats TO monitor")
         conn.execute("ALTER SYSTEM SET log_connections = on")
         conn.execute("SELECT pg_reload_conf()")
-    exporter = start_exporter(config={"auth_modules": {"fleet": _module(tmp_path)}})
+    exporter = start_exporter(
+        config={"auth_modules": {"fleet": monitor_module(tmp_path, "127.0.0.1/32")}}
+    )
     server = f"127.0.0.1:{own_server.port}"
 
     def probe(target: str) -> tuple[int, str]:

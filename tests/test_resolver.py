@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from support import Clock
 
 from pg_advisory_exporter.discovery import (
     IpAddress,
@@ -42,16 +43,6 @@ class Dns:
         if name not in self.answers:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return [ipaddress.ip_address(a) for a in self.answers[name]]
-
-
-class Clock:
-    """A monotonic clock that moves only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

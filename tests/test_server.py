@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
+from support import Clock
 
 from pg_advisory_exporter.config import CollectionSettings, TargetSettings
 from pg_advisory_exporter.connection import ServerIdentity
@@ -18,14 +19,6 @@ STARTED = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 PRIMARY = ServerIdentity(STARTED, 7714447076430879015)
 # A physical standby shares its primary's system identifier; its postmaster started apart.
 STANDBY = ServerIdentity(STARTED.replace(second=5), 7714447076430879015)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
