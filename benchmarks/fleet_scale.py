@@ -23,7 +23,11 @@ It starts one throwaway PostgreSQL and makes the fleet out of it where that stay
   and seeing the other targets' connections, where N servers would each run their own read
   on their own machine. So wall-clock times are on the slow side; CPU times are the
   exporter process's own. The server holds no advisory locks: a collection maps an idle
-  server.
+  server. Parts 1 and 3 check at each scrape that every target is up and answers for a
+  server of its own.
+
+Parts 1 to 3 run `benchmarks.fleet_exporter`, part 4 `pg-advisory-exporter` itself (and the
+former beside it).
 
 The parts:
 
@@ -41,7 +45,8 @@ The parts:
    holds libpq's buffers and the threads as well as Python's objects, where tracemalloc
    would see Python's allocations only, and in this process the benchmark's own. The CPU
    time of one collection is the process's user and system time over the scrapes, divided
-   by the collections, with what that makes at a 15 s interval.
+   by the collections, with what that makes at a 15 s interval. The scrape of them all is
+   timed too: collections per second at that size, measured rather than estimated.
 4. What reading a server once saves: `--names` targets that name the throwaway server (0
    skips the part), through `pg-advisory-exporter` itself, against one name, and against
    the same names each read on its own (as distinct servers are read, and as every target
@@ -337,24 +342,30 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def per_target(dsn: str, size: int, scrapes: int) -> dict[str, Any]:
-    measured: dict[int, tuple[float, float]] = {}  # servers: (RSS MB, CPU s per collection)
+    # servers: (RSS MB, CPU s per collection, median scrape s)
+    measured: dict[int, tuple[float, float, float]] = {}
     for count in (1, size):
         progress(f"per target: {_plural(count, 'server')}, {scrapes} scrapes")
         targets = {f"{HEALTHY_PREFIX}{i}": dsn for i in range(count)}
         with _exporter(targets, "1ms") as (base, _, pid):
             _get(base + "/metrics", 120)  # connect them all
             before = _cpu_seconds(pid)
+            times = []
             for _ in range(scrapes):
-                _all_up(_get(base + "/metrics", 120)[1], count, servers=count)
+                seconds, text = _get(base + "/metrics", 120)
+                _all_up(text, count, servers=count)
+                times.append(seconds)
             cpu = (_cpu_seconds(pid) - before) / (scrapes * count)
-            measured[count] = (_proc_status_mb(pid, "VmRSS"), cpu)
-    (one_rss, _), (rss, cpu) = measured[1], measured[size]
+            measured[count] = (_proc_status_mb(pid, "VmRSS"), cpu, statistics.median(times))
+    (one_rss, _, _), (rss, cpu, scrape) = measured[1], measured[size]
     per_server_kb = (rss - one_rss) / (size - 1) * 1024
     print(f"per target: {size} healthy servers, each collected at each of {scrapes} scrapes")
     print(f"  memory {per_server_kb:.0f} KB per server "
           f"(RSS {one_rss:.0f} MB with one server, {rss:.0f} MB with {size})")  # fmt: skip
     print(f"  CPU {cpu * 1000:.2f} ms per collection: {size} servers at a 15 s interval "
           f"take {cpu * size / 15:.3f} of a core")  # fmt: skip
+    print(f"  scrape of the {size} servers {scrape * 1000:.0f} ms (median), "
+          f"{size / scrape:.0f} collections/s")  # fmt: skip
     return {
         "servers": size,
         "memory_kb_per_server": per_server_kb,
@@ -362,6 +373,8 @@ def per_target(dsn: str, size: int, scrapes: int) -> dict[str, Any]:
         "rss_mb": rss,
         "cpu_ms_per_collection": cpu * 1000,
         "cores_at_15s": cpu * size / 15,
+        "scrape_ms": scrape * 1000,
+        "collections_per_second": size / scrape,
     }
 
 
