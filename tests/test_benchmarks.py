@@ -1,4 +1,4 @@
-"""`make bench` keeps working: the collection-cost benchmark, run small, end to end."""
+"""`make bench` and `make bench-fleet` keep working: both benchmarks, run small, end to end."""
 
 from __future__ import annotations
 
@@ -39,3 +39,34 @@ def test_the_collection_cost_benchmark_runs_and_reports_every_figure(tmp_path: P
         assert 0 < run["peak_rss_mb"] < 200
     assert report["end_to_end_paired_ratio_median"] > 0
     assert "end to end, default (built-in catalog)" in result.stdout
+
+
+@pytest.mark.pg  # starts its own server
+@pytest.mark.any_version  # the exporter's side of a fleet: the version does not change it
+def test_the_fleet_benchmark_runs_every_part_with_distinct_servers(tmp_path: Path) -> None:
+    figures = tmp_path / "figures.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fleet_scale", "--targets", "20", "--healthy", "2",
+         "--timeout", "2", "--scrapes", "1", "--per-target", "3", "--names", "3",
+         "--pg-version", str(PG_MAJOR), "--json", str(figures)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(figures.read_text())
+    # Each healthy target is a server of its own: its own connection, its own collection.
+    assert report["throughput"]["connections"] == 2
+    assert report["throughput"]["collections_per_second"] > 0
+    fleet = report["fleet"]
+    assert (fleet["targets"], fleet["healthy"], fleet["hung"], fleet["refusing"]) == (20, 2, 1, 17)
+    [scrape] = fleet["scrapes"]
+    assert scrape["targets"] == 20
+    assert scrape["healthy_up"] == scrape["up"] == 2
+    # CPU time comes in clock ticks (10 ms): too coarse for three collections to count.
+    assert report["per_target"]["servers"] == 3
+    assert report["per_target"]["rss_mb"] > 0
+    # Names of one server: read once by the exporter, once each by a server per target.
+    assert [
+        (run["names"], run["connections"], run["reads_per_scrape"], run["answering_for_the_server"])
+        for run in report["sharing"]
+    ] == [(1, 1, 1, [1]), (3, 1, 1, [1]), (3, 3, 3, [3])]
+    assert "collections/s" in result.stdout

@@ -1,0 +1,83 @@
+"""The exporter as it would run for a fleet of distinct servers, on one throwaway server.
+
+Run as `python -m benchmarks.fleet_exporter CONFIG_FILE` (the file's `web.listen_address`
+says where it listens). It is the real daemon (`Daemon`: its collection pool, watchdog,
+HTTP server, /metrics and /probe, logs), with one change: every configured target gets a
+server of its own (`Server`: its own connection and its own collections), as it does when
+each target names another server. The daemon's own `_arrange` gives the targets that name
+one host and port one server, and its identity check merges the targets that reach one
+server under other addresses (the same postmaster start and system identifier): right for a
+real deployment, but it makes N targets of one throwaway server one collection. Here they
+stay N collections, each read by a connection of its own, which is what N servers would cost
+the exporter; the servers' side of it all runs on the one throwaway server.
+
+`benchmarks/fleet_scale.py` starts it; nothing else should.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.config import (
+    ConfigFileSettings,
+    Overrides,
+    TargetSettings,
+    load,
+    read_environment,
+)
+from pg_advisory_exporter.daemon import Daemon
+from pg_advisory_exporter.server import Server
+from pg_advisory_exporter.target import Target
+
+
+class DistinctServers(Daemon):
+    """The daemon, each of whose targets is read as a server of its own."""
+
+    def _arrange(
+        self,
+        configs: Sequence[TargetSettings],
+        old_targets: Mapping[str, Target],
+        old_servers: Mapping[str, Server],
+    ) -> tuple[dict[str, Target], dict[str, Server]]:
+        # No reuse across reloads (the benchmark never reloads), and no directory: a server
+        # without one is never merged with another by its identity.
+        targets: dict[str, Target] = {}
+        servers: dict[str, Server] = {}
+        for rank, config in enumerate(configs):
+            server = servers[config.name] = Server(config, self.pool, self._watchdog)
+            targets[config.name] = Target(
+                config,
+                self.pool,
+                self._watchdog,
+                self.config.web.external_url,
+                server=server,
+                rank=(rank,),
+            )
+        return targets, servers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    [path] = sys.argv[1:] if argv is None else argv
+    config = load(Overrides(config=ConfigFileSettings(file=Path(path))), read_environment())
+    logs.setup(config.log.level, config.log.format)
+    daemon = DistinctServers(config)
+
+    # As the exporter's command does: the handler hands the shutdown to a thread, since
+    # serve_forever() holds the main one.
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        threading.Thread(target=daemon.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    daemon.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
