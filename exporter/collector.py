@@ -17,12 +17,11 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .metrics import Sample, build_info, families, shard_samples, web_config_reload
+from .metrics import Sample, build_info, families, web_config_reload
 from .scheduling import CollectionPool, Priority, Task
 from .server import Collection
 from .sharding import Shard
 from .target import Target
-from .web_access import WebAccess
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +68,13 @@ class AnswerTimer:
 
     def _record(self, since: float) -> None:
         self._recent.append(time.monotonic() - since)
+
+
+def shard_samples(shard: Shard) -> list[Sample]:
+    return [
+        Sample("pg_advisory_exporter_shard_index", (), shard.index),
+        Sample("pg_advisory_exporter_shards", (), shard.total),
+    ]
 
 
 def target_samples(
@@ -146,12 +152,13 @@ class ExporterCollector(Collector):
         targets: Callable[[], Sequence[Target]],
         pool: CollectionPool,
         shard: Callable[[], Shard],
-        web: WebAccess | None = None,
+        web_config_reloaded: Callable[[], bool] | None = None,
     ) -> None:
         self._targets = targets  # read at each scrape: a reload may change them
         self._pool = pool
         self._shard = shard  # the same
-        self._web = web
+        # Whether the last change to the web configuration took effect (None: no file).
+        self._web_config_reloaded = web_config_reloaded
         self._timer = AnswerTimer()
 
     def describe(self) -> Iterable[Metric]:
@@ -160,8 +167,8 @@ class ExporterCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         samples = [build_info(__version__, platform.python_version())]
         samples += shard_samples(self._shard())
-        if self._web is not None:
-            samples.append(web_config_reload(self._web.last_reload_successful))
+        if self._web_config_reloaded is not None:
+            samples.append(web_config_reload(self._web_config_reloaded()))
         return families(samples + target_samples(self._targets(), self._pool, self._timer))
 
 

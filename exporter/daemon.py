@@ -14,7 +14,7 @@ from .collector import ExporterCollector
 from .config import Config, TargetSettings, split_listen_address
 from .discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefused
 from .dsn import server_of
-from .forensics import Answer
+from .forensics import Answer, OnDemand, on_demand
 from .http import make_app, serve
 from .scheduling import CollectionPool, Watchdog
 from .schema import ConfigError
@@ -50,6 +50,9 @@ class Daemon:
         self._directory = Directory()
         # Another shard's targets are not connected to at all.
         self._targets, self._servers = self._arrange(_own(config), {}, {})
+        # Their /locks answers, read on request only: a reload that changes a target makes
+        # a new Target, and with it new answers.
+        self._locks = self._answers(self._targets, {})
         for note in config.notes:
             log.warning(note)
         # The servers that probes name through an auth module; never in /metrics.
@@ -58,8 +61,9 @@ class Daemon:
         )
         self._access = None if web is None else WebAccess(web)
         self.collectors = CollectorRegistry()  # prometheus_client's, not the key registry
+        reloaded = None if self._access is None else self._access.reloaded
         self.collectors.register(
-            ExporterCollector(self.targets, self.pool, lambda: self.config.shard, self._access)
+            ExporterCollector(self.targets, self.pool, lambda: self.config.shard, reloaded)
         )
         ProcessCollector(registry=self.collectors)
         self.collectors.register(DiscoveredCollector(self._discovered))
@@ -138,9 +142,24 @@ class Daemon:
         )
 
     def locks(self, name: str) -> tuple[Answer, float] | None:
-        """The target's holders and waiters, and the answer's age; None for an unknown name."""
-        target = self._targets.get(name)
-        return None if target is None else target.locks()
+        """The target's holders and waiters, and the answer's age (forensics.OnDemand: read
+        in the caller's thread, a /locks request's, never on the collection pool); None for
+        an unknown name."""
+        answers = self._locks.get(name)
+        return None if answers is None else answers.get()
+
+    def _answers(
+        self, targets: Mapping[str, Target], old: Mapping[str, tuple[Target, OnDemand]]
+    ) -> dict[str, OnDemand]:
+        """The /locks answers of each target, kept where the target is."""
+        answers = {}
+        for name, target in targets.items():
+            kept = old.get(name)
+            if kept is not None and kept[0] is target:
+                answers[name] = kept[1]
+            else:
+                answers[name] = on_demand(target.config, self._watchdog)
+        return answers
 
     def reload(self) -> str | None:
         """Read the configuration again; None when it took effect, else why it did not.
@@ -175,7 +194,9 @@ class Daemon:
         for note in config.notes:
             log.warning(note)
         old, old_servers = self._targets, self._servers
+        answers = {name: (old[name], self._locks[name]) for name in old}
         new, self._servers = self._arrange(_own(config), old, old_servers)
+        self._locks = self._answers(new, answers)
         self._targets = new  # one assignment: a scrape sees the old set or the new one
         self.config = dataclasses.replace(
             config,

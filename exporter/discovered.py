@@ -232,7 +232,6 @@ class DiscoveredTargets:
             server=server,
             database=address.dbname,
             rank=(whole, next(self._made)),
-            serves_locks=False,  # /locks serves the configured targets only
         )
 
     def _no_database(self, address: TargetAddress) -> ProbeRefused:

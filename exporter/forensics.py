@@ -186,7 +186,8 @@ class Backend:
 
     @property
     def stranded(self) -> bool:
-        return vocabulary.stranded(self.held_entries, self.session_level, self.pooled)
+        shared = self.pooled is not None and self.pooled.shared
+        return vocabulary.stranded(self.held_entries, self.session_level, shared)
 
     @property
     def level(self) -> str:

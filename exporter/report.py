@@ -21,10 +21,10 @@ from .forensics import (
     answer,
 )
 from .locks_page import forensics_json
-from .metrics import key_groups
 from .registry import NO_KEYS, Registry
 from .scheduling import Watchdog
 from .schema import format_duration
+from .series import key_groups
 from .snapshot import ServerSnapshot, read_snapshot
 from .vocabulary import format_age
 

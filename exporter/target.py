@@ -10,9 +10,9 @@ from urllib.parse import quote
 
 from .config import CollectionSettings, TargetSettings
 from .endpoints import LOCKS_PATH
-from .forensics import Answer, on_demand
-from .metrics import Sample, locks_page_info, server_samples, target_series
+from .metrics import Sample, locks_page_info
 from .scheduling import CollectionPool, Priority, Task, Watchdog
+from .series import server_samples, target_series
 from .server import Collection, Directory, Server
 
 
@@ -52,7 +52,6 @@ class Target:
         database: str | None = None,
         rank: tuple[int, ...] = (0,),
         directory: Directory | None = None,
-        serves_locks: bool = True,
     ) -> None:
         self.name = config.name
         self.config = config
@@ -69,9 +68,6 @@ class Target:
                 locks_page_info(self.name, f"{external_url}{LOCKS_PATH}?target={quote(self.name)}")
             ]
         )
-        # The /locks answers, read on request only (configured targets); a reload that
-        # changes the target makes a new Target, and with it new answers.
-        self._locks = on_demand(config, watchdog) if serves_locks else None
         self._rules = [rule.rule() for rule in self.settings.application_name_rewrites]
         # The series of the last collection mapped, reused by the scrapes that share it.
         self._mapped_lock = threading.Lock()
@@ -151,12 +147,6 @@ class Target:
             folded_application_names=folded,
             server_wide=server_wide,
         ) + (self._locks_page if server_wide else [])
-
-    def locks(self) -> tuple[Answer, float]:
-        """Who holds and awaits advisory locks now, and the answer's age (forensics.OnDemand):
-        read in the caller's thread (a /locks request's), never on the collection pool."""
-        assert self._locks is not None, "/locks serves configured targets only"
-        return self._locks.get()
 
     def health(self) -> Health:
         reader = self.server.reader()

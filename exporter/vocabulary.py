@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import re
 
-from .poolers import PooledBackend
 from .schema import format_duration
 
 # pg_locks.mode of an advisory lock (an advisory lock takes no other mode), and its word.
@@ -54,10 +53,10 @@ def level_word(session_level: bool) -> str:
     return "session" if session_level else "session or transaction"
 
 
-def stranded(held: int, session_level: bool, pooled: PooledBackend | None) -> bool:
+def stranded(held: int, session_level: bool, shared: bool) -> bool:
     """Whether a backend's locks are stranded: session locks on a pooled connection that
-    passes from client to client, so that they outlive the client that took them."""
-    return held > 0 and session_level and pooled is not None and pooled.shared
+    passes from client to client (`shared`), so that they outlive the client that took them."""
+    return held > 0 and session_level and shared
 
 
 def format_age(seconds: float | None) -> str:

@@ -98,6 +98,10 @@ class WebAccess:
         # fixed hash of cost 10 answered 160 ms sooner than users of cost 12).
         self._decoys: dict[int, bytes] = {}
 
+    def reloaded(self) -> bool:
+        """Whether the last change to the file took effect (the exporter's series)."""
+        return self.last_reload_successful
+
     @property
     def tls(self) -> bool:
         """Fixed at start: a server does not turn from HTTP to HTTPS under its clients."""

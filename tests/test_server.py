@@ -71,8 +71,8 @@ def test_a_second_address_reads_through_the_first_until_the_recheck(
         vip._claim(PRIMARY)
     assert through.value.collection.error == "the same server as node, not read yet"
     assert vip.reader() is node
-    on_node = Target(_settings("orders"), *parts, server=node, rank=(0,), serves_locks=False)
-    on_vip = Target(_settings("primary"), *parts, server=vip, rank=(1,), serves_locks=False)
+    on_node = Target(_settings("orders"), *parts, server=node, rank=(0,))
+    on_vip = Target(_settings("primary"), *parts, server=vip, rank=(1,))
     # Read once, through the node: the target of lowest rank answers for the server.
     assert node.targets() == [on_node, on_vip]
     assert on_node.answers_for_server()

@@ -15,10 +15,11 @@ from support import IDLE, snapshot_of
 
 from pg_advisory_exporter.forensics import backend_from_row
 from pg_advisory_exporter.keys import BIGINT_KEY
-from pg_advisory_exporter.metrics import Sample, server_samples
+from pg_advisory_exporter.metrics import Sample
 from pg_advisory_exporter.poolers import PoolerView
 from pg_advisory_exporter.registry import NO_KEYS
 from pg_advisory_exporter.schema import format_duration, parse_duration
+from pg_advisory_exporter.series import server_samples
 from pg_advisory_exporter.vocabulary import (
     IDLE_STATES,
     certainly_session_level,

@@ -1,0 +1,289 @@
+"""The series of one target, mapped from its server's snapshot (what metrics.SPECS defines)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .appnames import RewriteRule, fold, rewrite
+from .capacity import lock_table_capacity
+from .metrics import Sample
+from .poolers import PoolerView, owner
+from .registry import NO_KEYS, RegisteredKey, Registry
+from .snapshot import BackendLocks, KeyUse, ServerSnapshot
+from .vocabulary import IDLE_STATES, certainly_session_level, mode_word, state_word, stranded
+
+
+def target_series(
+    target: str,
+    server: Sequence[Sample],
+    *,
+    duration: float,
+    errors_total: int,
+    last_success_unix: float | None,
+    insufficient_privilege: bool | None,
+    folded_application_names: int,
+    server_wide: bool = True,
+) -> list[Sample]:
+    """A target's series for one scrape: its server series (`pg_advisory_up 0` when the
+    collection failed and there are none), then the exporter's own: about the collection
+    (on the server's target only, see Target), and about the target's own answer."""
+    name = (target,)
+    samples = list(server) or [Sample("pg_advisory_up", name, 0)]
+    if server_wide:
+        samples += [
+            Sample("pg_advisory_exporter_collect_duration_seconds", name, duration),
+            Sample("pg_advisory_exporter_collect_errors_total", name, errors_total),
+        ]
+        if last_success_unix is not None:
+            samples.append(
+                Sample(
+                    "pg_advisory_exporter_last_success_timestamp_seconds", name, last_success_unix
+                )
+            )
+        if insufficient_privilege is not None:  # known once a collection succeeded
+            samples.append(
+                Sample("pg_advisory_exporter_insufficient_privilege", name, insufficient_privilege)
+            )
+    if insufficient_privilege is not None:
+        samples.append(
+            Sample("pg_advisory_exporter_folded_application_names", name, folded_application_names)
+        )
+    return samples
+
+
+@dataclass
+class _Group:
+    """Accumulates the backends of one (datname, application_name) label set."""
+
+    locks: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    holders: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    idle_max: dict[str, float] = field(default_factory=dict)
+    waiters: int = 0
+    wait_max: float = 0.0
+    backend_locks_max: int = 0
+
+    def add(self, backend: BackendLocks, long_lived: bool) -> None:
+        exclusive, share = backend.held_exclusive, backend.held_share
+        if exclusive:
+            self.locks["exclusive", "true"] += exclusive
+        if share:
+            self.locks["share", "true"] += share
+        if backend.awaited_mode is not None:
+            self.locks[mode_word(backend.awaited_mode), "false"] += 1
+            self.waiters += 1
+            self.wait_max = max(self.wait_max, backend.wait_seconds or 0.0)
+        if held := exclusive + share:
+            state = state_word(backend.state, not backend.in_transaction)
+            self.holders[state] += 1
+            self.backend_locks_max = max(self.backend_locks_max, held)
+            # A long-lived key (a leader's) is held while idle on purpose: never a leak.
+            if state in IDLE_STATES and backend.state_seconds is not None and not long_lived:
+                self.idle_max[state] = max(self.idle_max.get(state, 0.0), backend.state_seconds)
+
+
+@dataclass
+class KeyGroup:
+    """Accumulates one registered key in one database."""
+
+    holders: int = 0
+    waiters: int = 0
+    hold_max: float | None = None
+    expected: bool = False  # an expect_held key: 0 holders is a finding, not an absence
+
+    def add(self, backend: BackendLocks, use: KeyUse) -> None:
+        if use.awaited:
+            self.waiters += 1
+        if use.held:
+            self.holders += 1
+            if backend.state_seconds is not None:
+                self.hold_max = max(self.hold_max or 0.0, backend.state_seconds)
+
+
+def counted_uses(backend: BackendLocks, registry: Registry) -> list[tuple[RegisteredKey, KeyUse]]:
+    """The backend's registered keys, in the databases each key is registered for."""
+    if not backend.registered:  # most backends: once per backend and collection
+        return []
+    pairs = [(registry.keys[use.key_index], use) for use in backend.registered]
+    return [
+        (key, use)
+        for key, use in pairs
+        if not key.config.databases or backend.datname in key.config.databases
+    ]
+
+
+def key_groups(
+    snapshot: ServerSnapshot, registry: Registry, database: str | None = None
+) -> dict[tuple[str, str], KeyGroup]:
+    """Holders and waiters of each registered key, by (database, key name), in `database`
+    only if one is given.
+
+    A key that is expected to be held gets an empty group in each of its databases (if it
+    names none: `database`, else the connection's), so that nobody holding it shows as 0.
+    """
+    groups: dict[tuple[str, str], KeyGroup] = defaultdict(KeyGroup)
+    for backend in snapshot.backends:
+        if database is None or backend.datname == database:
+            for key, use in counted_uses(backend, registry):
+                groups[backend.datname, key.name].add(backend, use)
+    for key in registry.keys:
+        if key.config.expect_held:
+            for datname in key.config.databases or (database or snapshot.current_database,):
+                if database is None or datname == database:
+                    groups[datname, key.name].expected = True
+    return dict(sorted(groups.items()))
+
+
+def _key_samples(
+    target: str, snapshot: ServerSnapshot, registry: Registry, database: str | None
+) -> list[Sample]:
+    samples: list[Sample] = []
+    for (datname, name), group in key_groups(snapshot, registry, database).items():
+        labels = (target, datname, name)
+        if group.holders or group.expected:
+            samples.append(Sample("pg_advisory_key_holders", labels, group.holders))
+        samples.append(Sample("pg_advisory_key_waiters", labels, group.waiters))
+        if group.hold_max is not None:
+            samples.append(Sample("pg_advisory_key_hold_seconds", labels, group.hold_max))
+    samples += [
+        Sample("pg_advisory_key_max_hold_seconds", (target, key.name), key.config.max_hold)
+        for key in registry.keys
+        if key.config.max_hold is not None
+    ]
+    return samples
+
+
+def _pooler_samples(
+    target: str,
+    backends: Sequence[BackendLocks],
+    labels: Sequence[str],
+    poolers: Sequence[PoolerView],
+    server_wide: bool,
+) -> list[Sample]:
+    """Stranded session locks per pool, and whether each pooler could be read.
+
+    A pooler that was read gets a 0 when nothing is stranded behind it, so that the series'
+    absence means "not watched"; one that could not be read gets neither. Whether it was
+    read is the server's: on its server target only.
+    """
+    if not poolers:
+        return []
+    entries: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    for backend, label in zip(backends, labels, strict=True):
+        session_level = certainly_session_level(not backend.in_transaction, backend.state)
+        if not backend.held or not session_level:
+            continue  # never stranded: no pooler lookup for it
+        pooled = owner(poolers, backend.pid, backend.client_addr, backend.client_port)
+        if pooled is not None and stranded(backend.held, session_level, pooled.shared):
+            entries[backend.datname, label, pooled.pooler, pooled.pool] += backend.held
+    samples = []
+    if server_wide:
+        samples += [Sample("pg_advisory_pooler_up", (target, p.name), p.up) for p in poolers]
+        found = {pooler for _, _, pooler, _ in entries}
+        samples += [
+            Sample("pg_advisory_pooled_session_locks", (target, "", "", p.name, ""), 0)
+            for p in poolers
+            if p.up and p.name not in found
+        ]
+    samples += [
+        Sample("pg_advisory_pooled_session_locks", (target, *group), count)
+        for group, count in sorted(entries.items())
+    ]
+    return samples
+
+
+@dataclass(frozen=True)
+class ServerSamples:
+    samples: list[Sample]
+    folded_application_names: int
+
+
+def server_samples(
+    target: str,
+    snapshot: ServerSnapshot,
+    rules: Sequence[RewriteRule],
+    application_name_limit: int,
+    registry: Registry = NO_KEYS,
+    *,
+    poolers: Sequence[PoolerView] = (),
+    database: str | None = None,
+    server_wide: bool = True,
+) -> ServerSamples:
+    """Map one snapshot (and what its target's poolers said) to the server series.
+
+    With a `database`, the series of that database only: its locks, holders, waiters,
+    keys and deadlocks. With `server_wide`, the series that describe the whole server too
+    (its lock table and version, whether its poolers could be read): the server's target
+    carries them, once for all the targets that read the server (see Target).
+    """
+    backends = [b for b in snapshot.backends if database is None or b.datname == database]
+    names = [rewrite(backend.application_name, rules) for backend in backends]
+    entries_by_name: dict[str, int] = defaultdict(int)
+    for backend, name in zip(backends, names, strict=True):
+        entries_by_name[name] += backend.advisory_entries
+    folding = fold(entries_by_name, application_name_limit)
+
+    groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
+    for backend, name in zip(backends, names, strict=True):
+        long_lived = any(
+            key.config.long_lived and use.held for key, use in counted_uses(backend, registry)
+        )
+        groups[backend.datname, folding.label(name)].add(backend, long_lived)
+
+    samples = [
+        Sample("pg_advisory_up", (target,), 1),
+        # A setting, not a count: every target has it, for the budget alert's join.
+        Sample(
+            "pg_advisory_max_locks_per_transaction",
+            (target,),
+            snapshot.capacity_settings.max_locks_per_transaction,
+        ),
+    ]
+    if server_wide:
+        samples += _server_wide_samples(target, snapshot)
+    samples += [
+        Sample("pg_advisory_deadlocks_total", (target, datname), deadlocks)
+        for datname, deadlocks in sorted(snapshot.deadlocks.items())
+        if database is None or datname == database
+    ]
+    for (datname, application), group in sorted(groups.items()):
+        labels = (target, datname, application)
+        samples += [
+            Sample("pg_advisory_locks", (*labels, mode, granted), count)
+            for (mode, granted), count in sorted(group.locks.items())
+        ]
+        samples += [
+            Sample("pg_advisory_holders", (*labels, state), count)
+            for state, count in sorted(group.holders.items())
+        ]
+        samples += [
+            Sample("pg_advisory_idle_holder_max_seconds", (*labels, state), seconds)
+            for state, seconds in sorted(group.idle_max.items())
+        ]
+        samples += [
+            Sample("pg_advisory_waiters", labels, group.waiters),
+            Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),
+            Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
+        ]
+    samples += _key_samples(target, snapshot, registry, database)
+    folded = [folding.label(name) for name in names]
+    samples += _pooler_samples(target, backends, folded, poolers, server_wide)
+    return ServerSamples(samples, folding.folded)
+
+
+def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
+    """The series that describe the whole server: its version, its lock table."""
+    samples = [
+        Sample("pg_advisory_server_info", (target, snapshot.server_version), 1),
+        Sample("pg_advisory_lock_table_entries", (target,), snapshot.lock_table_entries),
+        Sample(
+            "pg_advisory_lock_table_backend_entries_max",
+            (target,),
+            snapshot.backend_table_entries_max,
+        ),
+    ]
+    capacity = lock_table_capacity(snapshot.capacity_settings)
+    if capacity is not None:
+        samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
+    return samples
