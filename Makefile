@@ -91,8 +91,10 @@ test: $(INSTALLED) $(CRD_MODELS) system-packages lint typecheck
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(INSTALLED)
+	$(BIN)/mypy -p pg_advisory_exporter
 	$(BIN)/mypy
 
 # The fast tier: no PostgreSQL, no Prometheus tools, no subprocess of the exporter; on
@@ -119,7 +121,7 @@ generate: $(INSTALLED)
 	$(BIN)/pg-advisory-exporter rules --format prometheusrule \
 	  --label app.kubernetes.io/name=pg-advisory-exporter > deploy/prometheusrule.yaml
 	$(BIN)/python -m grafana.dashboard > grafana/pg-advisory-exporter.json
-	$(BIN)/python -m pg_advisory_exporter.rules_chart $(CHART)
+	$(BIN)/python -m devtools.rules_chart $(CHART)
 	cp grafana/pg-advisory-exporter.json $(CHART)/dashboards/
 
 # Debian's Prometheus, promtool, Alertmanager, amtool and PgBouncer run in the tests. PostgreSQL server

@@ -45,10 +45,10 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
-from pg_advisory_exporter.capacity import lock_table_capacity
-from pg_advisory_exporter.forensics import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
-from pg_advisory_exporter.registry import KeyConfig, Registry, md5_key
-from pg_advisory_exporter.snapshot import COLLECT_SQL, collect_sql, read_snapshot
+from pg_advisory_exporter.collect.capacity import lock_table_capacity
+from pg_advisory_exporter.collect.snapshot import COLLECT_SQL, collect_sql, read_snapshot
+from pg_advisory_exporter.forensics.read import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
+from pg_advisory_exporter.keys.registry import KeyConfig, Registry, md5_key
 
 Connection = psycopg.Connection[TupleRow]
 

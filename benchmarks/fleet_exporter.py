@@ -24,7 +24,9 @@ from pathlib import Path
 from types import FrameType
 
 from pg_advisory_exporter import logs
-from pg_advisory_exporter.config import (
+from pg_advisory_exporter.collect.server import Server
+from pg_advisory_exporter.collect.target import Target
+from pg_advisory_exporter.config.settings import (
     ConfigFileSettings,
     Overrides,
     TargetSettings,
@@ -32,8 +34,6 @@ from pg_advisory_exporter.config import (
     read_environment,
 )
 from pg_advisory_exporter.daemon import Daemon
-from pg_advisory_exporter.server import Server
-from pg_advisory_exporter.target import Target
 
 
 class DistinctServers(Daemon):

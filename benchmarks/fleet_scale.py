@@ -83,7 +83,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
-from pg_advisory_exporter.kept_connection import APPLICATION_NAME
+from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
 
 from .collection_cost import _proc_status_mb, _stop
 

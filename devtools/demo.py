@@ -29,8 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from pydantic import ValidationError
 
-from pg_advisory_exporter import catalog, logs
-from pg_advisory_exporter.config import (
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.collect.vocabulary import format_age
+from pg_advisory_exporter.config.settings import (
     CollectionSettings,
     Config,
     LogConfig,
@@ -39,8 +40,8 @@ from pg_advisory_exporter.config import (
     WebConfig,
 )
 from pg_advisory_exporter.daemon import Daemon
-from pg_advisory_exporter.registry import KeyConfig
-from pg_advisory_exporter.vocabulary import format_age
+from pg_advisory_exporter.keys import catalog
+from pg_advisory_exporter.keys.registry import KeyConfig
 
 from .embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, EmbeddedPostgresError
 

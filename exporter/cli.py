@@ -13,7 +13,8 @@ from pathlib import Path
 from types import FrameType
 
 from . import __version__, logs
-from .config import (
+from .alerting.rules import dump, prometheus_rule, rule_groups, thresholds_from
+from .config.settings import (
     SETTINGS,
     Config,
     Setting,
@@ -22,10 +23,9 @@ from .config import (
     read_flags,
 )
 from .daemon import Daemon
+from .http.web_config import WebSettings, read_web_config
 from .report import run_check
-from .rules import dump, prometheus_rule, rule_groups, thresholds_from
 from .schema import ConfigError
-from .web_config import WebSettings, read_web_config
 
 log = logging.getLogger("pg_advisory_exporter")
 

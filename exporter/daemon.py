@@ -3,27 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from . import __version__, logs
-from .collector import ExporterCollector
-from .config import Config, TargetSettings, split_listen_address
-from .discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefused
-from .dsn import server_of
-from .forensics import Answer, OnDemand, on_demand
-from .http import make_app, serve
-from .scheduling import CollectionPool, Watchdog
+from .collect.scheduling import CollectionPool, Watchdog
+from .collect.server import Directory, Server
+from .collect.target import Target
+from .config.dsn import server_of
+from .config.settings import Config, TargetSettings, split_listen_address
+from .forensics.read import Answer, OnDemand, on_demand
+from .http.app import make_app, serve
+from .http.collector import ExporterCollector
+from .http.discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefused
+from .http.web_access import WebAccess
+from .http.web_config import WebSettings
 from .schema import ConfigError
-from .server import Directory, Server
-from .target import Target
-from .web_access import WebAccess
-from .web_config import WebSettings
 
-log = logging.getLogger(__name__)
+log = logs.named("daemon")
 
 
 class Daemon:

@@ -10,23 +10,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from . import catalog
-from .capacity import lock_table_capacity
-from .config import Config, TargetSettings
-from .connection import Session
-from .forensics import (
+from .collect.capacity import lock_table_capacity
+from .collect.connection import Session
+from .collect.scheduling import Watchdog
+from .collect.series import key_groups
+from .collect.snapshot import ServerSnapshot, read_snapshot
+from .collect.vocabulary import format_age
+from .config.settings import Config, TargetSettings
+from .forensics.page import forensics_json
+from .forensics.read import (
     Backend,
     Forensics,
     Unanswered,
     answer,
 )
-from .locks_page import forensics_json
-from .registry import NO_KEYS, Registry
-from .scheduling import Watchdog
+from .keys import catalog
+from .keys.registry import NO_KEYS, Registry
 from .schema import format_duration
-from .series import key_groups
-from .snapshot import ServerSnapshot, read_snapshot
-from .vocabulary import format_age
 
 EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10

@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -38,6 +39,7 @@ from support import (
     Cli,
     Config,
     Connection,
+    LintImports,
     OneTarget,
     RunningExporter,
     Scrape,
@@ -57,6 +59,8 @@ from devtools.embedded_postgres import (
     free_port,
 )
 
+ROOT = Path(__file__).parent.parent
+
 # test_connections.py and test_packaging.py import these from here.
 __all__ = ["RunningExporter", "Scrape", "SilentServer"]
 
@@ -67,7 +71,7 @@ SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium.
 PROGRAM_FIXTURES = frozenset(
     {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl",
-     "hadolint", "podman", "image", "chromium"}
+     "hadolint", "podman", "image", "chromium", "lint_imports"}
 )  # fmt: skip
 
 
@@ -288,6 +292,26 @@ def promtool() -> str:
 @pytest.fixture
 def amtool() -> str:
     return _installed("amtool")
+
+
+@pytest.fixture
+def lint_imports() -> LintImports:
+    """import-linter's command on the package found first on `path` (a copy, say), with the
+    project's contracts."""
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        command = Path(sys.executable).parent / "lint-imports"
+        return subprocess.run(
+            [str(command), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=path,
+            env={**os.environ, "PYTHONPATH": str(path)},
+            check=False,
+        )
+
+    return run
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pg_advisory_exporter.alerting.rules import RUNBOOK_URL
 from pg_advisory_exporter.metrics import SPECS
-from pg_advisory_exporter.rules import RUNBOOK_URL
 
 UID = "pg-advisory-locks"
 TAGS = {"postgresql", "advisory-locks", "pg-advisory-exporter"}

@@ -28,9 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import TupleRow
 
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
-from pg_advisory_exporter.capacity import CapacitySettings
-from pg_advisory_exporter.forensics import Backend, LockEntry
-from pg_advisory_exporter.snapshot import BackendLocks, ServerSnapshot
+from pg_advisory_exporter.collect.capacity import CapacitySettings
+from pg_advisory_exporter.collect.snapshot import BackendLocks, ServerSnapshot
+from pg_advisory_exporter.forensics.read import Backend, LockEntry
 
 PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
 MONITOR_PASSWORD = "monitor-s3cret-pw"
@@ -407,6 +407,13 @@ def start_prometheus(start_service: StartService, folder: Path, config: dict[str
         "--storage.tsdb.path=prometheus-data",
         ready_path="/-/ready",
     )
+
+
+class LintImports(Protocol):
+    """The `lint_imports` fixture: import-linter with the project's contracts on the package
+    found first on this path; its result."""
+
+    def __call__(self, path: Path) -> subprocess.CompletedProcess[str]: ...
 
 
 class Cli(Protocol):

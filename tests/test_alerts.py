@@ -13,7 +13,7 @@ import yaml
 from support import Cli
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.rules import Thresholds, rule_groups
+from pg_advisory_exporter.alerting.rules import Thresholds, rule_groups
 
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "alerts" / "pg-advisory-exporter.rules.yml"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pg_advisory_exporter.appnames import OTHER, RewriteRule, fold, rewrite
+from pg_advisory_exporter.keys.appnames import OTHER, RewriteRule, fold, rewrite
 
 POD_SUFFIX = RewriteRule.compile(r"(.+)-[0-9a-f]{8,10}-[0-9a-z]{5}", r"\1")
 

@@ -6,8 +6,12 @@ import pytest
 from support import PG_MAJOR, Session
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.capacity import CapacitySettings, lock_table_capacity, max_backends
-from pg_advisory_exporter.snapshot import read_snapshot
+from pg_advisory_exporter.collect.capacity import (
+    CapacitySettings,
+    lock_table_capacity,
+    max_backends,
+)
+from pg_advisory_exporter.collect.snapshot import read_snapshot
 
 # One backend's entries by kind, read from pg_locks row by row: the oracle for the counts
 # the collection statement derives (every entry less the fast-path ones, less the others).

@@ -14,8 +14,11 @@ import yaml
 from support import Cli, Config, OneTarget, RunningExporter, Scrape, Session, StartExporter
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter import catalog
-from pg_advisory_exporter.catalog import (
+from pg_advisory_exporter.cli import main
+from pg_advisory_exporter.collect.connection import DATABASES_SQL
+from pg_advisory_exporter.config.settings import FileConfig, load, read_environment, read_flags
+from pg_advisory_exporter.keys import catalog
+from pg_advisory_exporter.keys.catalog import (
     BY_NAME,
     DEFAULTS,
     ENTRIES,
@@ -26,10 +29,7 @@ from pg_advisory_exporter.catalog import (
     java_string_hash,
     key_configs,
 )
-from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.config import FileConfig, load, read_environment, read_flags
-from pg_advisory_exporter.connection import DATABASES_SQL
-from pg_advisory_exporter.registry import KeyConfig, Registry, with_catalog
+from pg_advisory_exporter.keys.registry import KeyConfig, Registry, with_catalog
 
 # -- Each key, from the values the libraries' own sources and tests give -------------------
 

@@ -26,7 +26,8 @@ from psycopg.conninfo import conninfo_to_dict
 from support import Cli, StartService, start_prometheus, wait_until
 
 from pg_advisory_exporter import __version__
-from pg_advisory_exporter.config import (
+from pg_advisory_exporter.alerting.rules import Thresholds
+from pg_advisory_exporter.config.settings import (
     AUTH_MODULE_OPTIONS,
     SETTINGS,
     AuthModuleConfig,
@@ -42,8 +43,7 @@ from pg_advisory_exporter.config import (
     load,
     read_flags,
 )
-from pg_advisory_exporter.registry import KeyConfig
-from pg_advisory_exporter.rules import Thresholds
+from pg_advisory_exporter.keys.registry import KeyConfig
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"

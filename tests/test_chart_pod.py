@@ -32,9 +32,9 @@ from helm_python.chart import Chart
 from support import MONITOR_PASSWORD, Scrape, Session, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
-from pg_advisory_exporter.config import SETTINGS
-from pg_advisory_exporter.kept_connection import APPLICATION_NAME
-from pg_advisory_exporter.sharding import Shard
+from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
+from pg_advisory_exporter.config.settings import SETTINGS
+from pg_advisory_exporter.fleet.sharding import Shard
 
 # Version-independent (tests/conftest.py): the chart's pod and the image; the server only gives it
 # a lock to show.

@@ -13,7 +13,7 @@ from helm_python.chart import Chart
 from helm_python.errors import HelmValuesError
 from support import Cli
 
-from pg_advisory_exporter.rules_chart import catalog_schema, helm_template, thresholds_schema
+from devtools.rules_chart import catalog_schema, helm_template, thresholds_schema
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"

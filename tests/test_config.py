@@ -15,7 +15,7 @@ from support import Cli, Config
 
 from devtools.embedded_postgres import free_port
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.config import (
+from pg_advisory_exporter.config.settings import (
     Overrides,
     TargetSettings,
     load,

@@ -13,10 +13,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pg_advisory_exporter import discovered as discovered_module
-from pg_advisory_exporter.config import Config, load, read_environment, read_flags
-from pg_advisory_exporter.discovered import DiscoveredTargets, ProbeRefused, Refusal
-from pg_advisory_exporter.discovery import (
+from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
+from pg_advisory_exporter.collect.target import Target
+from pg_advisory_exporter.config.settings import Config, load, read_environment, read_flags
+from pg_advisory_exporter.fleet.discovery import (
     AllowList,
     Refused,
     TargetAddress,
@@ -24,9 +24,9 @@ from pg_advisory_exporter.discovery import (
     parse_target,
     resolve,
 )
-from pg_advisory_exporter.scheduling import CollectionPool, Watchdog
+from pg_advisory_exporter.http import discovered as discovered_module
+from pg_advisory_exporter.http.discovered import DiscoveredTargets, ProbeRefused, Refusal
 from pg_advisory_exporter.schema import ConfigError
-from pg_advisory_exporter.target import Target
 
 
 @pytest.mark.parametrize(

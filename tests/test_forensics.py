@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 from support import BACKEND_START, forensic_backend
 
-from pg_advisory_exporter.forensics import (
+from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
+from pg_advisory_exporter.forensics.page import (
+    CHAIN_DEPTH,
+    Page,
+    blocking_chains,
+    forensics_json,
+    render,
+)
+from pg_advisory_exporter.forensics.read import (
     Answer,
     Backend,
     Forensics,
@@ -27,16 +35,8 @@ from pg_advisory_exporter.forensics import (
     backend_from_row,
     conflicts,
 )
-from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
-from pg_advisory_exporter.locks_page import (
-    CHAIN_DEPTH,
-    Page,
-    blocking_chains,
-    forensics_json,
-    render,
-)
-from pg_advisory_exporter.poolers import PooledBackend, PoolerView
-from pg_advisory_exporter.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from pg_advisory_exporter.keys.registry import KeyConfig, Registry
 
 DATABASE = 5  # the oid of "app"
 

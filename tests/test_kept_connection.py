@@ -14,13 +14,13 @@ from typing import Any, cast
 import psycopg
 import pytest
 
-from pg_advisory_exporter.kept_connection import (
+from pg_advisory_exporter.collect.kept_connection import (
     APPLICATION_NAME,
     CannotCollect,
     KeptConnection,
     connect,
 )
-from pg_advisory_exporter.scheduling import Watchdog
+from pg_advisory_exporter.collect.scheduling import Watchdog
 
 
 class FakeConnection:

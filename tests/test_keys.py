@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)

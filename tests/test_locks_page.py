@@ -34,13 +34,13 @@ from support import (
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
-from pg_advisory_exporter.forensics import (
+from pg_advisory_exporter.forensics.read import (
     FORENSICS_SQL,
     FORENSICS_WITH_QUERY_SQL,
     LOCKS_PER_BACKEND,
     MAX_BACKENDS,
 )
-from pg_advisory_exporter.http import LOCKS_AT_ONCE
+from pg_advisory_exporter.http.app import LOCKS_AT_ONCE
 
 KEY = 4242
 # The waiter's statement: its text must never reach the page unless query text is on.

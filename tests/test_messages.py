@@ -14,16 +14,16 @@ import pytest
 
 from devtools.demo import check_command, config_file_text, demo_config
 from devtools.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.config import (
+from pg_advisory_exporter.collect.snapshot import read_snapshot
+from pg_advisory_exporter.config.settings import (
     WebConfig,
     load,
     read_environment,
     read_flags,
 )
-from pg_advisory_exporter.rules import Thresholds
 from pg_advisory_exporter.schema import ConfigError
-from pg_advisory_exporter.snapshot import read_snapshot
 
 
 @pytest.fixture(autouse=True)

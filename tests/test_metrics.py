@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 from support import IDLE, snapshot_of
 
-from pg_advisory_exporter.appnames import RewriteRule
+from pg_advisory_exporter.collect.series import server_samples
+from pg_advisory_exporter.keys.appnames import RewriteRule
+from pg_advisory_exporter.keys.registry import KeyConfig, Registry
 from pg_advisory_exporter.metrics import SPECS, Sample
-from pg_advisory_exporter.registry import KeyConfig, Registry
-from pg_advisory_exporter.series import server_samples
 
 
 def _values(samples: list[Sample], name: str) -> dict[tuple[str, ...], float]:

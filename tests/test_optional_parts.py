@@ -18,19 +18,19 @@ from fake_console import FLOAT8, INT4, TEXT, Column, FakeConsole
 from support import SilentServer, StartExporter
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter import poolers
-from pg_advisory_exporter.collector import AnswerTimer, target_samples
-from pg_advisory_exporter.config import (
+from pg_advisory_exporter.collect import poolers
+from pg_advisory_exporter.collect.poolers import Poolers
+from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
+from pg_advisory_exporter.collect.server import POOLER_WAIT
+from pg_advisory_exporter.collect.target import Target
+from pg_advisory_exporter.config.settings import (
     DEFAULT_PARALLEL_COLLECTIONS,
     ConfigFileSettings,
     Overrides,
     load,
 )
+from pg_advisory_exporter.http.collector import AnswerTimer, target_samples
 from pg_advisory_exporter.metrics import Sample
-from pg_advisory_exporter.poolers import Poolers
-from pg_advisory_exporter.scheduling import CollectionPool, Watchdog
-from pg_advisory_exporter.server import POOLER_WAIT
-from pg_advisory_exporter.target import Target
 
 # Version-independent (tests/conftest.py): what the exporter does with its poolers' answers
 # and with a registry read the server refuses.

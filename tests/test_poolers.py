@@ -16,10 +16,8 @@ import pytest
 import yaml
 from support import IDLE, SilentServer, snapshot_of, wait_until
 
-from pg_advisory_exporter import poolers
-from pg_advisory_exporter.config import ConfigFileSettings, Overrides, load
-from pg_advisory_exporter.metrics import Sample
-from pg_advisory_exporter.poolers import (
+from pg_advisory_exporter.collect import poolers
+from pg_advisory_exporter.collect.poolers import (
     SHOW_CONFIG,
     SHOW_DATABASES,
     SHOW_POOLS,
@@ -31,9 +29,11 @@ from pg_advisory_exporter.poolers import (
     console_view,
     owner,
 )
-from pg_advisory_exporter.scheduling import Watchdog
+from pg_advisory_exporter.collect.scheduling import Watchdog
+from pg_advisory_exporter.collect.series import server_samples
+from pg_advisory_exporter.config.settings import ConfigFileSettings, Overrides, load
+from pg_advisory_exporter.metrics import Sample
 from pg_advisory_exporter.schema import ConfigError
-from pg_advisory_exporter.series import server_samples
 
 DSN = "postgresql://monitor@db.example:5432/postgres"
 CONSOLE = "host=pgbouncer.example port=6432 dbname=pgbouncer user=stats"

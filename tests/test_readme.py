@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from pg_advisory_exporter.config import FileConfig
-from pg_advisory_exporter.registry import check_configs
+from pg_advisory_exporter.config.settings import FileConfig
+from pg_advisory_exporter.keys.registry import check_configs
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"

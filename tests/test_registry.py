@@ -13,7 +13,7 @@ from support import REGISTRY, Cli, OneTarget, RunningExporter, Scrape, Session, 
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.registry import KeyConfig, check_configs, md5_key
+from pg_advisory_exporter.keys.registry import KeyConfig, check_configs, md5_key
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,10 @@ import yaml
 from support import BACKEND_START, IDLE, Cli, Session, block_on, forensic_backend, snapshot_of
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.forensics import Backend, LockEntry, assemble
-from pg_advisory_exporter.keys import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
-from pg_advisory_exporter.poolers import PoolerView
-from pg_advisory_exporter.registry import NO_KEYS
+from pg_advisory_exporter.collect.poolers import PoolerView
+from pg_advisory_exporter.forensics.read import Backend, LockEntry, assemble
+from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from pg_advisory_exporter.keys.registry import NO_KEYS
 from pg_advisory_exporter.report import Checked, print_report
 
 # Version-independent (tests/conftest.py): the `check` command and its layout; the statement it

@@ -17,9 +17,9 @@ from support import (
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.config import CollectionSettings
-from pg_advisory_exporter.connection import connect_to_server, prepare_session
-from pg_advisory_exporter.kept_connection import CannotCollect
+from pg_advisory_exporter.collect.connection import connect_to_server, prepare_session
+from pg_advisory_exporter.collect.kept_connection import CannotCollect
+from pg_advisory_exporter.config.settings import CollectionSettings
 
 
 def test_role_without_pg_read_all_stats(
@@ -199,7 +199,7 @@ def test_an_older_server_is_refused_with_a_clear_message(
     monitor_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No PostgreSQL 13 binaries are at hand; pretend this server is too old instead.
-    monkeypatch.setattr("pg_advisory_exporter.connection.MIN_SERVER_VERSION", 10**7)
+    monkeypatch.setattr("pg_advisory_exporter.collect.connection.MIN_SERVER_VERSION", 10**7)
     settings = CollectionSettings()
     with (
         connect_to_server(monitor_dsn, settings) as conn,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from support import Clock
 
-from pg_advisory_exporter.discovery import (
+from pg_advisory_exporter.fleet.discovery import (
     IpAddress,
     Refused,
     Resolver,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
-from pg_advisory_exporter.scheduling import CollectionPool, Priority, Task, Watchdog
+from pg_advisory_exporter.collect.scheduling import CollectionPool, Priority, Task, Watchdog
 
 WAIT = 5.0  # seconds any test waits for a thread at most
 

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import pytest
 from support import Clock
 
-from pg_advisory_exporter.config import CollectionSettings, TargetSettings
-from pg_advisory_exporter.connection import ServerIdentity
-from pg_advisory_exporter.scheduling import CollectionPool, Watchdog
-from pg_advisory_exporter.server import SAME_SERVER_RECHECK, Directory, Server, _ReadThrough
-from pg_advisory_exporter.target import Target
+from pg_advisory_exporter.collect.connection import ServerIdentity
+from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
+from pg_advisory_exporter.collect.server import SAME_SERVER_RECHECK, Directory, Server, _ReadThrough
+from pg_advisory_exporter.collect.target import Target
+from pg_advisory_exporter.config.settings import CollectionSettings, TargetSettings
 
 STARTED = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 PRIMARY = ServerIdentity(STARTED, 7714447076430879015)

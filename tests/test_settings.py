@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings, CliSettingsSource, CliSubCommand, SettingsError
 
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.config import (
+from pg_advisory_exporter.config.settings import (
     SETTINGS,
     CollectionSettings,
     FileOnly,

@@ -11,10 +11,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pg_advisory_exporter.config import Config, load, read_environment, read_flags
+from pg_advisory_exporter.config.settings import Config, load, read_environment, read_flags
 from pg_advisory_exporter.daemon import Daemon
+from pg_advisory_exporter.fleet.sharding import Shard, jump_hash, ordinal_of, target_key
 from pg_advisory_exporter.schema import ConfigError
-from pg_advisory_exporter.sharding import Shard, jump_hash, ordinal_of, target_key
 
 DSN = "postgresql://monitor@db.example:5432/postgres"
 NAMES = [f"db-{i:03d}" for i in range(200)]

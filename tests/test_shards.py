@@ -10,7 +10,7 @@ import pytest
 from support import Config, RunningExporter, Scrape, StartExporter, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.kept_connection import APPLICATION_NAME
+from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
 
 # Version-independent (tests/conftest.py): which replica connects is the exporter's side.
 pytestmark = pytest.mark.any_version

@@ -15,8 +15,13 @@ import pytest
 from support import Connection, Session, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.registry import KeyConfig, Registry, md5_key
-from pg_advisory_exporter.snapshot import COLLECT_SQL, ServerSnapshot, collect_sql, read_snapshot
+from pg_advisory_exporter.collect.snapshot import (
+    COLLECT_SQL,
+    ServerSnapshot,
+    collect_sql,
+    read_snapshot,
+)
+from pg_advisory_exporter.keys.registry import KeyConfig, Registry, md5_key
 
 # Keys at the edges: the high bit of objid set (classid 1, objid 0x80000001), negative keys
 # (classid and objid 0xffff...), the extremes of bigint and int4.

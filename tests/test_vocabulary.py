@@ -13,20 +13,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import IDLE, snapshot_of
 
-from pg_advisory_exporter.forensics import backend_from_row
-from pg_advisory_exporter.keys import BIGINT_KEY
-from pg_advisory_exporter.metrics import Sample
-from pg_advisory_exporter.poolers import PoolerView
-from pg_advisory_exporter.registry import NO_KEYS
-from pg_advisory_exporter.schema import format_duration, parse_duration
-from pg_advisory_exporter.series import server_samples
-from pg_advisory_exporter.vocabulary import (
+from pg_advisory_exporter.collect.poolers import PoolerView
+from pg_advisory_exporter.collect.series import server_samples
+from pg_advisory_exporter.collect.vocabulary import (
     IDLE_STATES,
     certainly_session_level,
     format_age,
     mode_word,
     state_word,
 )
+from pg_advisory_exporter.forensics.read import backend_from_row
+from pg_advisory_exporter.keys.key import BIGINT_KEY
+from pg_advisory_exporter.keys.registry import NO_KEYS
+from pg_advisory_exporter.metrics import Sample
+from pg_advisory_exporter.schema import format_duration, parse_duration
 
 # Prometheus' model.ParseDuration, without the years and weeks it never writes for these.
 PROMETHEUS_DURATION = re.compile(r"(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?")

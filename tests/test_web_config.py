@@ -10,8 +10,8 @@ import bcrypt
 import pytest
 from support import Tls
 
+from pg_advisory_exporter.http.web_config import CIPHER_SUITES, read_web_config
 from pg_advisory_exporter.schema import ConfigError
-from pg_advisory_exporter.web_config import CIPHER_SUITES, read_web_config
 
 HASH = bcrypt.hashpw(b"scrape-pw", bcrypt.gensalt(4)).decode()
 TLS = "tls_server_config:\n  cert_file: server.pem\n  key_file: server-key.pem\n"

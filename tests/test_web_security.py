@@ -19,7 +19,7 @@ import yaml
 from support import Cli, RunningExporter, StartExporter, StartService, Tls, basic_auth, wait_until
 
 from devtools.embedded_postgres import free_port
-from pg_advisory_exporter.web_access import CHALLENGE
+from pg_advisory_exporter.http.web_access import CHALLENGE
 
 PASSWORD = "scrape-Pw-7f3e"
 # Every endpoint of the exporter, none left open.

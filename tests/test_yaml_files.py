@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import Cli, cli_command
 
-from pg_advisory_exporter.rules import thresholds_from
+from pg_advisory_exporter.alerting.rules import thresholds_from
 from pg_advisory_exporter.schema import ConfigError
 from pg_advisory_exporter.yaml_file import EXPANSION_FACTOR, EXPANSION_FLOOR, read_yaml
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .forensics import Answer, Backend, ContendedKey, Forensics, LockEntry, Waiter
-from .keys import BIGINT_KEY, AdvisoryKey
-from .vocabulary import format_age
+from pg_advisory_exporter.collect.vocabulary import format_age
+from pg_advisory_exporter.keys.key import BIGINT_KEY, AdvisoryKey
+
+from .read import Answer, Backend, ContendedKey, Forensics, LockEntry, Waiter
 
 # Every value on the page comes from the server, and clients choose their own
 # application_name and query text: each is escaped, and the page may run no script at all.

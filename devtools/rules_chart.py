@@ -1,7 +1,7 @@
 """The Helm chart's PrometheusRule template, and the parts of its values schema that other
 code defines (the thresholds, the catalog's names).
 
-`python -m pg_advisory_exporter.rules_chart CHART` (run by `make generate`) writes
+`python -m devtools.rules_chart CHART` (run by `make generate`) writes
 templates/prometheusrule.yaml and the thresholds part of values.schema.json, so that the
 chart's rules follow from the same code as `pg-advisory-exporter rules` prints, and a
 threshold the command refuses is refused by `helm install` too.
@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from .catalog import MIGRATION_KEYS
-from .rules import Thresholds, format_number, groups_of
-from .schema import PARSE_DURATION
+from pg_advisory_exporter.alerting.rules import Thresholds, format_number, groups_of
+from pg_advisory_exporter.keys.catalog import MIGRATION_KEYS
+from pg_advisory_exporter.schema import PARSE_DURATION
 
 
 class HelmValues:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import json
-import logging
 import math
 import selectors
 import socket
@@ -20,10 +19,10 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from . import __version__
-from .collector import ProbeCollector, ScrapeContext, current_scrape
-from .discovered import ProbeRefused
-from .endpoints import (
+from pg_advisory_exporter import __version__, logs
+from pg_advisory_exporter.collect.scheduling import CollectionPool
+from pg_advisory_exporter.collect.target import Target
+from pg_advisory_exporter.endpoints import (
     HEALTH_PATH,
     HEALTHY_PATH,
     LANDING_PATH,
@@ -32,14 +31,15 @@ from .endpoints import (
     READY_PATH,
     RELOAD_PATH,
 )
-from .forensics import Answer
-from .http_connections import Connection, Connections
-from .locks_page import CONTENT_SECURITY_POLICY, render
-from .scheduling import CollectionPool
-from .target import Target
+from pg_advisory_exporter.forensics.page import CONTENT_SECURITY_POLICY, render
+from pg_advisory_exporter.forensics.read import Answer
+
+from .collector import ProbeCollector, ScrapeContext, current_scrape
+from .connections import Connection, Connections
+from .discovered import ProbeRefused
 from .web_access import StartResponse, WebAccess, WsgiApp
 
-log = logging.getLogger(__name__)
+log = logs.named("http")
 
 
 class Exported(Protocol):

@@ -6,7 +6,6 @@ import contextlib
 import enum
 import heapq
 import itertools
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -14,7 +13,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-log = logging.getLogger(__name__)
+from pg_advisory_exporter import logs
+
+log = logs.named("scheduling")
 
 T = TypeVar("T")
 

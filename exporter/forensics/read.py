@@ -4,7 +4,6 @@ person asks (`/locks`, `check`), never on a scrape."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections import defaultdict
@@ -16,16 +15,17 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg.rows import dict_row
 
-from . import vocabulary
-from .config import LocksPageSettings, TargetSettings
-from .connection import ServerConnection, Session
-from .kept_connection import CannotCollect
-from .keys import AdvisoryKey
-from .poolers import PooledBackend, Poolers, PoolerView, owner
-from .registry import Registry
-from .scheduling import Watchdog
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.collect import vocabulary
+from pg_advisory_exporter.collect.connection import ServerConnection, Session
+from pg_advisory_exporter.collect.kept_connection import CannotCollect
+from pg_advisory_exporter.collect.poolers import PooledBackend, Poolers, PoolerView, owner
+from pg_advisory_exporter.collect.scheduling import Watchdog
+from pg_advisory_exporter.config.settings import LocksPageSettings, TargetSettings
+from pg_advisory_exporter.keys.key import AdvisoryKey
+from pg_advisory_exporter.keys.registry import Registry
 
-log = logging.getLogger(__name__)
+log = logs.named("forensics")
 
 T = TypeVar("T")
 

@@ -6,11 +6,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .appnames import RewriteRule, fold, rewrite
+from pg_advisory_exporter.keys.appnames import RewriteRule, fold, rewrite
+from pg_advisory_exporter.keys.registry import NO_KEYS, RegisteredKey, Registry
+from pg_advisory_exporter.metrics import Sample
+
 from .capacity import lock_table_capacity
-from .metrics import Sample
 from .poolers import PoolerView, owner
-from .registry import NO_KEYS, RegisteredKey, Registry
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot
 from .vocabulary import IDLE_STATES, certainly_session_level, mode_word, state_word, stranded
 

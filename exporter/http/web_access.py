@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import binascii
 import hmac
-import logging
 import os
 import socket
 import ssl
@@ -23,10 +22,12 @@ from typing import Any
 
 import bcrypt
 
-from .schema import ConfigError
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.schema import ConfigError
+
 from .web_config import WebSettings, read_web_config
 
-log = logging.getLogger(__name__)
+log = logs.named("web_access")
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]

@@ -34,13 +34,19 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from .appnames import RewriteRule, compile_pattern, parse_template
-from .catalog import CatalogChoice
-from .discovery import DBNAME_PATTERN, AllowList, IpAddress, TargetAddress, parse_allowed
-from .dsn import Dsn, check_password_source, server_of, with_password
-from .endpoints import RESERVED_PATHS
-from .registry import KeyConfig, check_configs
-from .schema import (
+from pg_advisory_exporter.endpoints import RESERVED_PATHS
+from pg_advisory_exporter.fleet.discovery import (
+    DBNAME_PATTERN,
+    AllowList,
+    IpAddress,
+    TargetAddress,
+    parse_allowed,
+)
+from pg_advisory_exporter.fleet.sharding import Shard, ordinal_of
+from pg_advisory_exporter.keys.appnames import RewriteRule, compile_pattern, parse_template
+from pg_advisory_exporter.keys.catalog import CatalogChoice
+from pg_advisory_exporter.keys.registry import KeyConfig, check_configs
+from pg_advisory_exporter.schema import (
     PARSE_DURATION,
     ConfigError,
     Strict,
@@ -49,8 +55,9 @@ from .schema import (
     format_duration,
     location,
 )
-from .sharding import Shard, ordinal_of
-from .yaml_file import read_yaml
+from pg_advisory_exporter.yaml_file import read_yaml
+
+from .dsn import Dsn, check_password_source, server_of, with_password
 
 DEFAULT_LISTEN_ADDRESS = ":9846"
 DEFAULT_TARGET = "default"

@@ -15,8 +15,9 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 
+from pg_advisory_exporter.schema import format_duration
+
 from .scheduling import Watchdog
-from .schema import format_duration
 
 APPLICATION_NAME = "pg-advisory-exporter"
 _FIRST_BACKOFF = 1.0  # seconds before a failed connection is tried again; doubles up to a cap

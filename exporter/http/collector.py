@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import platform
 import time
 from collections import deque
@@ -16,14 +15,14 @@ from dataclasses import dataclass, field
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from . import __version__
-from .metrics import Sample, build_info, families, web_config_reload
-from .scheduling import CollectionPool, Priority, Task
-from .server import Collection
-from .sharding import Shard
-from .target import Target
+from pg_advisory_exporter import __version__, logs
+from pg_advisory_exporter.collect.scheduling import CollectionPool, Priority, Task
+from pg_advisory_exporter.collect.server import Collection
+from pg_advisory_exporter.collect.target import Target
+from pg_advisory_exporter.fleet.sharding import Shard
+from pg_advisory_exporter.metrics import Sample, build_info, families, web_config_reload
 
-log = logging.getLogger(__name__)
+log = logs.named("collector")
 
 
 @dataclass

@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from .schema import ConfigError, Strict, describe_error, location
-from .yaml_file import read_yaml
+from pg_advisory_exporter.schema import ConfigError, Strict, describe_error, location
+from pg_advisory_exporter.yaml_file import read_yaml
 
 # exporter-toolkit's names (Go's tls.CipherSuites()) and OpenSSL's for the same suites.
 # The TLS 1.3 ones have no OpenSSL name here: Go ignores them in a configuration (TLS 1.3

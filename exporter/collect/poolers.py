@@ -4,7 +4,6 @@ mode, read from PgBouncer's admin console or known from the poolers' addresses."
 from __future__ import annotations
 
 import ipaddress
-import logging
 import math
 import socket
 import threading
@@ -18,12 +17,14 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .config import CollectionSettings, PoolerConfig
-from .dsn import redact
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.config.dsn import redact
+from pg_advisory_exporter.config.settings import CollectionSettings, PoolerConfig
+
 from .kept_connection import CannotCollect, KeptConnection, connect
 from .scheduling import Watchdog
 
-log = logging.getLogger(__name__)
+log = logs.named("poolers")
 
 # The admin console's commands, read by column name: columns are added between releases
 # (1.23 inserted `replication` into SHOW SERVERS) and renamed (1.24's reserve_pool_size).

@@ -11,9 +11,16 @@ from typing import Annotated, Any, Protocol
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
-from .catalog import MIGRATION_KEYS
-from .schema import ConfigError, Duration, Strict, describe_error, format_duration, location
-from .yaml_file import read_yaml
+from pg_advisory_exporter.keys.catalog import MIGRATION_KEYS
+from pg_advisory_exporter.schema import (
+    ConfigError,
+    Duration,
+    Strict,
+    describe_error,
+    format_duration,
+    location,
+)
+from pg_advisory_exporter.yaml_file import read_yaml
 
 RUNBOOK_URL = (
     "https://github.com/pg-advisory-exporter/pg-advisory-exporter/blob/main/docs/runbook.md"

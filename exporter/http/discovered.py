@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -17,14 +16,22 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from .config import AuthModuleSettings, DiscoveredTargetsSettings
-from .discovery import AllowList, IpAddress, Refused, TargetAddress, parse_target, resolve
-from .metrics import Sample, families
-from .scheduling import CollectionPool, Watchdog
-from .server import Directory, Server
-from .target import Target
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
+from pg_advisory_exporter.collect.server import Directory, Server
+from pg_advisory_exporter.collect.target import Target
+from pg_advisory_exporter.config.settings import AuthModuleSettings, DiscoveredTargetsSettings
+from pg_advisory_exporter.fleet.discovery import (
+    AllowList,
+    IpAddress,
+    Refused,
+    TargetAddress,
+    parse_target,
+    resolve,
+)
+from pg_advisory_exporter.metrics import Sample, families
 
-log = logging.getLogger(__name__)
+log = logs.named("discovered")
 
 # The longest a probe waits for its host name to resolve; it is refused after that.
 RESOLVE_WAIT = 2.0

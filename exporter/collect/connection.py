@@ -3,7 +3,6 @@ harmless, and kept (kept_connection.py) with the key registry resolved on it."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,16 +11,18 @@ from typing import Any
 
 import psycopg
 
-from . import catalog
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.config.dsn import redact
+from pg_advisory_exporter.config.settings import CollectionSettings, TargetSettings
+from pg_advisory_exporter.keys import catalog
+from pg_advisory_exporter.keys.catalog import CatalogEntry
+from pg_advisory_exporter.keys.registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Note, Registry
+
 from .capacity import MIN_SERVER_VERSION
-from .catalog import CatalogEntry
-from .config import CollectionSettings, TargetSettings
-from .dsn import redact
 from .kept_connection import CannotCollect, KeptConnection, connect
-from .registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Note, Registry
 from .snapshot import COLLECTION_WORK_MEM, SESSION_SQL
 
-log = logging.getLogger(__name__)
+log = logs.named("connection")
 
 # The databases whose names the catalog's per-database keys are computed from: the ones
 # the collection reports deadlocks for (templates are copied, not worked in), so that a

@@ -3,30 +3,27 @@ target that reads it, and how two names that reach one server are told to be one
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psycopg
 
-from .config import TargetSettings
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.config.settings import TargetSettings
+from pg_advisory_exporter.keys.registry import Registry
+
 from .connection import ServerConnection, ServerIdentity
 from .kept_connection import CannotCollect
 from .poolers import Poolers, PoolerView
-from .registry import Registry
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .snapshot import ServerSnapshot, read_snapshot
 
-if TYPE_CHECKING:
-    from .target import Target
-
-# The collection's lines keep the logger they were published under (logger=...target).
-log = logging.getLogger(f"{__package__}.target")
+log = logs.named("target")
 
 # Seconds of a collection's deadline kept back from its poolers' reads, so that a pooler that
 # does not answer never makes the server's series late.
@@ -41,6 +38,19 @@ _POOLER_SHARE = 0.25
 # before it connects once more to check: an address (a virtual IP, a DNS name) may come to
 # reach another server, and then it must be read on its own again.
 SAME_SERVER_RECHECK = 300.0
+
+
+class Reader(Protocol):
+    """What a server knows of a target that reads it (target.Target)."""
+
+    @property
+    def database(self) -> str | None: ...
+
+    @property
+    def rank(self) -> tuple[int, ...]: ...
+
+    @property
+    def server(self) -> Server: ...
 
 
 @dataclass(frozen=True)
@@ -126,10 +136,10 @@ class Server:
         self._via: Server | None = None  # the server this one reads through, until _via_until
         self._via_until = 0.0
         self._closed = False
-        self._targets: list[Target] = []  # that read this server (or through it)
+        self._targets: list[Reader] = []  # that read this server (or through it)
         self._through: set[Server] = set()  # servers that read through this one
         self._changes = 0  # of _targets: which cached answer of answering() still holds
-        self._answering: tuple[object, Target | None] = ((), None)
+        self._answering: tuple[object, Reader | None] = ((), None)
         # Used by the collection only, and collections of one server never overlap.
         self._claimed: ServerIdentity | None = None
         self._warned_privilege = False
@@ -155,12 +165,12 @@ class Server:
                 return None
             return via
 
-    def attach(self, target: Target) -> None:
+    def attach(self, target: Reader) -> None:
         with self._state:
             self._targets.append(target)
             self._changes += 1
 
-    def detach(self, target: Target) -> None:
+    def detach(self, target: Reader) -> None:
         with self._state:
             if target in self._targets:
                 self._targets.remove(target)
@@ -171,7 +181,7 @@ class Server:
         with self._state:
             self._changes += 1
 
-    def targets(self) -> list[Target]:
+    def targets(self) -> list[Reader]:
         """The targets that read this server, directly or through a server found to be it."""
         with self._state:
             found, through = list(self._targets), list(self._through)
@@ -180,7 +190,7 @@ class Server:
                 found += server.targets()
         return found
 
-    def answering(self) -> Target | None:
+    def answering(self) -> Reader | None:
         """Of the targets that read this server, the one that answers for it: of lowest
         rank, a whole-server one or one of a database the server has (Target). Worked out
         again only when the targets or the databases change: a fleet of names for one server

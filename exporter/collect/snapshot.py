@@ -11,9 +11,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY
+from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
+
 from .capacity import CapacitySettings
-from .keys import BIGINT_KEY, INT_PAIR_KEY
-from .registry import NO_KEYS, Registry
 
 # The session's work_mem. The scan of pg_lock_status() keeps its rows in a tuplestore
 # (about 150 bytes a lock) that spills to a temporary file past work_mem: at the default

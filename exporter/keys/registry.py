@@ -10,8 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from .keys import BIGINT_KEY, INT_PAIR_KEY
-from .schema import Duration, Strict
+from pg_advisory_exporter.schema import Duration, Strict
+
+from .key import BIGINT_KEY, INT_PAIR_KEY
 
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]

@@ -8,9 +8,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from .config import CollectionSettings, TargetSettings
-from .endpoints import LOCKS_PATH
-from .metrics import Sample, locks_page_info
+from pg_advisory_exporter.config.settings import CollectionSettings, TargetSettings
+from pg_advisory_exporter.endpoints import LOCKS_PATH
+from pg_advisory_exporter.metrics import Sample, locks_page_info
+
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .series import server_samples, target_series
 from .server import Collection, Directory, Server

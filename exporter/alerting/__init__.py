@@ -1,0 +1,1 @@
+"""The alert rules, generated from their tunable thresholds."""
