@@ -63,6 +63,22 @@ def named(name: str) -> logging.Logger:
     return logging.getLogger(f"pg_advisory_exporter.{name}")
 
 
+class Changes:
+    """What was last said of each lasting state (a server's error, a pooler's, a missing
+    privilege), so that a line is written when the state changes and not at each collection:
+    a fleet of servers that stay down must not flood the log."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, object] = {}
+
+    def changed(self, what: str, state: object, initial: object = None) -> bool:
+        """Record `state` of `what`; whether it differs from the one before (`initial` at
+        first)."""
+        previous = self._states.get(what, initial)
+        self._states[what] = state
+        return state != previous
+
+
 def setup(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())

@@ -18,7 +18,6 @@ from fake_console import FLOAT8, INT4, TEXT, Column, FakeConsole
 from support import SilentServer, StartExporter
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.collect import poolers
 from pg_advisory_exporter.collect.poolers import Poolers
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import POOLER_WAIT
@@ -29,6 +28,8 @@ from pg_advisory_exporter.config.settings import (
     Overrides,
     load,
 )
+from pg_advisory_exporter.fleet import resolver
+from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.http.collector import AnswerTimer, target_samples
 from pg_advisory_exporter.metrics import Sample
 
@@ -116,12 +117,12 @@ def resolver_that_never_answers(monkeypatch: pytest.MonkeyPatch) -> Iterator[lis
     released = threading.Event()
     asked: list[str] = []
 
-    def hangs(host: str) -> list[str]:
+    def hangs(host: str) -> list[IpAddress]:
         asked.append(host)
         released.wait(60)
         raise OSError("the test ended")
 
-    monkeypatch.setattr(poolers, "_resolve", hangs)
+    monkeypatch.setattr(resolver, "RESOLVER", resolver.Resolver(hangs))
     yield asked
     released.set()
 
@@ -169,7 +170,8 @@ def test_host_names_that_never_resolve_cost_the_fleet_nothing_after_a_first_wait
             assert took < DEADLINE
             if scrape > 0:  # resolutions already waited out are not waited for again
                 assert took < HUNG * POOLER_WAIT / DEFAULT_PARALLEL_COLLECTIONS, took
-    assert len(resolver_that_never_answers) == HUNG  # one resolution each, still pending
+    # One lookup for the fleet, still pending: the exporter's resolver shares it.
+    assert resolver_that_never_answers == ["pgbouncer.example"]
 
 
 def test_a_poolers_read_that_cannot_even_start_is_theirs(

@@ -12,14 +12,8 @@ from collections.abc import Iterator
 import pytest
 from support import Clock
 
-from pg_advisory_exporter.fleet.discovery import (
-    IpAddress,
-    Refused,
-    Resolver,
-    TargetAddress,
-    parse_target,
-    resolve,
-)
+from pg_advisory_exporter.fleet.discovery import TargetAddress, parse_target, resolve
+from pg_advisory_exporter.fleet.resolver import IpAddress, Resolver, Unresolved
 
 LOCALHOST = [ipaddress.IPv4Address("127.0.0.1")]
 WAIT = 2.0  # as a probe waits; what resolves at once never waits for it
@@ -55,7 +49,7 @@ def dns() -> Iterator[Dns]:
 def _flood(resolver: Resolver, names: int, prefix: str = "hang") -> None:
     """Probes of distinct names that hang, each given up at once (wait 0): their lookups stay."""
     for i in range(names):
-        with pytest.raises(Refused, match="did not resolve within 0s"):
+        with pytest.raises(Unresolved, match="did not resolve within 0s"):
             resolver.resolve(f"{prefix}-{i}.test", 0)
 
 
@@ -67,7 +61,7 @@ def test_probes_of_one_name_share_its_lookup(dns: Dns) -> None:
     first.start()
     assert dns.started.wait(5)
     for _ in range(3):  # while it is under way
-        with pytest.raises(Refused, match="did not resolve within 0s"):
+        with pytest.raises(Unresolved, match="did not resolve within 0s"):
             resolver.resolve("hang.test", 0)
     dns.released.set()
     first.join(5)
@@ -81,7 +75,7 @@ def test_probes_of_one_name_share_its_lookup(dns: Dns) -> None:
 def test_a_hung_name_asked_for_again_and_again_does_not_delay_another(dns: Dns) -> None:
     resolver = Resolver(dns)
     for _ in range(100):  # Prometheus probing it on every interval, or a caller insisting
-        with pytest.raises(Refused, match="did not resolve within 0s"):
+        with pytest.raises(Unresolved, match="did not resolve within 0s"):
             resolver.resolve("hang.test", 0)
     assert resolver.resolve("good.test", WAIT) == LOCALHOST
     assert dns.asked.count("hang.test") == 1
@@ -103,14 +97,14 @@ def test_past_the_cap_a_new_name_is_refused_at_once_and_a_known_one_resolves(dns
         "new.test is not looked up: the cap of 3 host names being resolved at once is "
         "reached, and it has not resolved in the last 600s"
     )
-    with pytest.raises(Refused, match=f"^{re.escape(at_cap)}$"):
+    with pytest.raises(Unresolved, match=f"^{re.escape(at_cap)}$"):
         resolver.resolve("new.test", WAIT)
     assert "new.test" not in dns.asked
     assert resolver.resolve("good.test", WAIT) == LOCALHOST
     clock.now += 599
     assert resolver.resolve("good.test", WAIT) == LOCALHOST  # which makes it known anew
     clock.now += 601  # not resolved for ten minutes: a new name again
-    with pytest.raises(Refused, match=r"^good\.test is not looked up"):
+    with pytest.raises(Unresolved, match=r"^good\.test is not looked up"):
         resolver.resolve("good.test", WAIT)
 
 
@@ -118,7 +112,7 @@ def test_a_flood_holds_no_more_threads_than_the_cap(dns: Dns) -> None:
     resolver = Resolver(dns, max_lookups=8)
     for i in range(1000):
         given_up = "did not resolve within 0s" if i < 8 else "is not looked up: the cap of 8 "
-        with pytest.raises(Refused, match=given_up):
+        with pytest.raises(Unresolved, match=given_up):
             resolver.resolve(f"hang-{i}.flood.test", 0)
     lookups = [t for t in threading.enumerate() if t.name.endswith(".flood.test")]
     assert len(lookups) == 8
@@ -135,10 +129,10 @@ def test_known_names_are_the_most_recent_few_and_hold_no_more_threads(dns: Dns) 
     dns.released.clear()  # ...then their DNS stops answering, and a flood comes
     _flood(resolver, 1)
     for name in names[:-2]:
-        with pytest.raises(Refused, match="is not looked up: the cap of 1 "):
+        with pytest.raises(Unresolved, match="is not looked up: the cap of 1 "):
             resolver.resolve(name, 0)
     for name in names[-2:]:  # only the two most recent are remembered
-        with pytest.raises(Refused, match="did not resolve within 0s"):
+        with pytest.raises(Unresolved, match="did not resolve within 0s"):
             resolver.resolve(name, 0)
     lookups = [t for t in threading.enumerate() if t.name.endswith(".known.test")]
     assert len(lookups) == 2
@@ -147,17 +141,17 @@ def test_known_names_are_the_most_recent_few_and_hold_no_more_threads(dns: Dns) 
 def test_a_name_that_does_not_resolve_is_refused_with_the_reason(dns: Dns) -> None:
     resolver = Resolver(dns, max_lookups=1)
     reason = "nowhere.test does not resolve: Name or service not known"
-    with pytest.raises(Refused, match=f"^{re.escape(reason)}$"):
+    with pytest.raises(Unresolved, match=f"^{re.escape(reason)}$"):
         resolver.resolve("nowhere.test", WAIT)
     _flood(resolver, 1)
-    with pytest.raises(Refused, match="is not looked up"):  # a failure makes no name known
+    with pytest.raises(Unresolved, match="is not looked up"):  # a failure makes no name known
         resolver.resolve("nowhere.test", WAIT)
 
 
 def test_a_lookup_that_fails_frees_its_place(dns: Dns) -> None:
     resolver = Resolver(dns, max_lookups=1)
     for _ in range(3):
-        with pytest.raises(Refused, match="does not resolve"):
+        with pytest.raises(Unresolved, match="does not resolve"):
             resolver.resolve("nowhere.test", WAIT)
     assert resolver.resolve("good.test", WAIT) == LOCALHOST
 

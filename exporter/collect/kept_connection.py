@@ -87,7 +87,9 @@ class KeptConnection(Generic[S]):
         *,
         backoff_max: float,
         cancel: bool,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._connect_with = connect
         self._prepare_with = prepare
         self._backoff_max = backoff_max
@@ -152,7 +154,7 @@ class KeptConnection(Generic[S]):
         self.drop()
         self._backoff = min(max(self._backoff * 2, _FIRST_BACKOFF), self._backoff_max)
         with self._state:
-            self._reconnect_at = time.monotonic() + self._backoff
+            self._reconnect_at = self._clock() + self._backoff
 
     def succeeded(self) -> None:
         """The use succeeded: a failure after it backs off from the start again."""
@@ -183,13 +185,19 @@ class KeptConnection(Generic[S]):
         return f"no answer within {format_duration(seconds)}"
 
     @contextlib.contextmanager
-    def deadline(self, watchdog: Watchdog, seconds: float) -> Iterator[threading.Event]:
+    def deadline(
+        self, watchdog: Watchdog, seconds: float, announce: Callable[[], None] | None = None
+    ) -> Iterator[threading.Event]:
         """Interrupt the connection if the block has not ended within `seconds` (a stopped
-        backend, a hung proxy or pooler); the event says whether it was."""
+        backend, a hung proxy or pooler), calling `announce` first; the event says whether
+        it was. The one deadline of every use of a connection: collections, pooler reads and
+        /locks reads alike."""
         expired = threading.Event()
 
         def expire() -> None:
             expired.set()
+            if announce is not None:
+                announce()
             self.interrupt()
 
         alarm = watchdog.arm(seconds, expire)

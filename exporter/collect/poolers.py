@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,6 +19,8 @@ from psycopg.rows import dict_row
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.dsn import redact
 from pg_advisory_exporter.config.settings import CollectionSettings, PoolerConfig
+from pg_advisory_exporter.fleet import resolver
+from pg_advisory_exporter.sharing import Patience, Shared, Turn
 
 from .kept_connection import CannotCollect, KeptConnection, connect
 from .scheduling import Watchdog
@@ -202,18 +203,20 @@ def console_view(name: str, show: Show) -> PoolerView:
     return PoolerView(name, by_pid=by_pid, by_socket=by_socket)
 
 
-def _resolve(host: str) -> list[str]:
-    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos})
-
-
 class _Addresses:
-    """A pooler's addresses as networks; host names resolved at most once a minute, in a
-    thread of their own so that a slow resolver costs a collection no more than its wait,
-    and only the first collection that finds it slow: the next ones do not wait for the
-    same resolution again (a resolver that does not answer holds it for its own timeout)."""
+    """A pooler's addresses as networks; host names resolved at most once a minute, by the
+    exporter's resolver, so that a slow one costs a collection no more than its wait, and
+    only the first collection that finds it slow: the next ones do not wait for the same
+    lookup again (a resolver that does not answer holds it for its own timeout)."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        clock: Callable[[], float],
+        names: resolver.Resolver | None = None,
+    ) -> None:
+        self._clock = clock
+        self._names = resolver.RESOLVER if names is None else names
         self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
         self._hosts: list[str] = []
         for address in addresses:
@@ -223,41 +226,26 @@ class _Addresses:
                 self._hosts.append(address)
         self._resolved: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
         self._resolved_at = -math.inf
-        self._pending: Future[list[str]] | None = None
-        self._waited_out = False  # somebody stopped waiting for _pending already
 
     def networks(
         self, seconds: float
     ) -> tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], str | None]:
         """The networks, and an error if a host name could not be resolved in `seconds`."""
         error = None
-        if self._hosts and time.monotonic() - self._resolved_at > _RESOLVED_FOR:
-            if self._pending is None:
-                pending = Future[list[str]]()
-                threading.Thread(
-                    target=self._run, args=(pending,), name="resolve", daemon=True
-                ).start()
-                self._pending, self._waited_out = pending, False
-            pending = self._pending
+        if self._hosts and self._clock() - self._resolved_at > _RESOLVED_FOR:
+            deadline = self._clock() + seconds
             try:
-                found = pending.result(timeout=0.0 if self._waited_out else max(seconds, 0.0))
-            except TimeoutError:
-                self._waited_out = True
-                error = "resolving its host names took too long"
-            except OSError as exc:
-                self._pending = None
-                error = f"cannot resolve its host names: {exc.strerror or exc}"
+                found = [
+                    address
+                    for host in self._hosts
+                    for address in self._names.resolve(host, deadline - self._clock())
+                ]
+            except resolver.Unresolved as exc:
+                error = f"cannot resolve its host names: {exc}"
             else:
-                self._pending = None
                 self._resolved = tuple(ipaddress.ip_network(a) for a in found)
-                self._resolved_at = time.monotonic()
+                self._resolved_at = self._clock()
         return (*self._networks, *self._resolved), error
-
-    def _run(self, pending: Future[list[str]]) -> None:
-        try:
-            pending.set_result([a for host in self._hosts for a in _resolve(host)])
-        except OSError as exc:
-            pending.set_exception(exc)
 
 
 class _Console:
@@ -268,9 +256,12 @@ class _Console:
     until the backoff has passed, and the failure is the answer meanwhile, as for a server.
     """
 
-    def __init__(self, config: PoolerConfig, settings: CollectionSettings) -> None:
+    def __init__(
+        self, config: PoolerConfig, settings: CollectionSettings, clock: Callable[[], float]
+    ) -> None:
         self.config = config
         self._settings = settings
+        self._clock = clock
         # SHOW commands are answered from the pooler's memory: there is nothing to cancel,
         # and a cancel request to a frozen pooler would only delay the interrupt.
         self._kept = KeptConnection(
@@ -278,39 +269,40 @@ class _Console:
             _as_is,
             backoff_max=settings.reconnect_backoff_max,
             cancel=False,
+            clock=clock,
         )
-        self._reading: Future[PoolerView] | None = None  # guarded by _start
-        self._start = threading.Lock()
-        # The read a caller stopped waiting for: the next callers do not wait for it again.
-        # Used by the target's collection (or the /locks read) only.
-        self._waited_out: Future[PoolerView] | None = None
+        # One read at a time, joined by whoever asks meanwhile (never reused once it ended:
+        # each collection reads the console anew).
+        self._reads: Shared[PoolerView] = Shared(0.0, clock)
+        self._patience: Patience[PoolerView] = Patience()
         # Used by the reader only.
         self._conninfo = config.admin_dsn or ""
         self._failure: PoolerView | None = None
 
     def start(self, watchdog: Watchdog) -> Future[PoolerView]:
         """The read under way, or a new one: it ends within a connect and a statement."""
-        with self._start:
-            if self._reading is None or self._reading.done():
-                reading = Future[PoolerView]()
-                seconds = self._settings.connect_timeout + self._settings.statement_timeout
-                threading.Thread(
-                    target=self._run,
-                    args=(reading, watchdog, seconds),
-                    name=f"pooler-{self.config.name}",
-                    daemon=True,
-                ).start()
-                self._reading = reading  # once it runs: a read that never started is none
-            return self._reading
+        asked = self._reads.ask()
+        if isinstance(asked, Future):
+            return asked
+        assert isinstance(asked, Turn), "a read that ended is never reused"
+        seconds = self._settings.connect_timeout + self._settings.statement_timeout
+        try:
+            threading.Thread(
+                target=self._run,
+                args=(asked.future, watchdog, seconds),
+                name=f"pooler-{self.config.name}",
+                daemon=True,
+            ).start()
+        except BaseException as exc:  # no thread: the next call starts another read
+            asked.future.set_exception(exc)
+            raise
+        return asked.future
 
     def wait(self, reading: Future[PoolerView], seconds: float, late: str) -> PoolerView:
         """The read's view, or `late` if it has not ended within `seconds`; a read that
         was waited out once is not waited for again, only looked at."""
-        try:
-            return reading.result(timeout=0.0 if reading is self._waited_out else seconds)
-        except TimeoutError:
-            self._waited_out = reading
-            return PoolerView(self.config.name, error=late)
+        view = self._patience.wait(reading, seconds)
+        return PoolerView(self.config.name, error=late) if view is None else view
 
     def _run(self, reading: Future[PoolerView], watchdog: Watchdog, seconds: float) -> None:
         try:
@@ -321,7 +313,7 @@ class _Console:
 
     def read(self, watchdog: Watchdog, seconds: float) -> PoolerView:
         """The console's view, or why there is none; interrupted after `seconds`."""
-        if self._failure is not None and self._kept.backing_off(time.monotonic()):
+        if self._failure is not None and self._kept.backing_off(self._clock()):
             return self._failure
         with self._kept.deadline(watchdog, seconds) as expired, self._kept.use():
             try:
@@ -369,9 +361,15 @@ def _as_is(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 class Poolers:
     """A target's poolers, read within a bounded wait."""
 
-    def __init__(self, configs: Sequence[PoolerConfig], settings: CollectionSettings) -> None:
-        self._consoles = {c.name: _Console(c, settings) for c in configs if c.admin_dsn}
-        self._addresses = {c.name: _Addresses(c.addresses) for c in configs if c.addresses}
+    def __init__(
+        self,
+        configs: Sequence[PoolerConfig],
+        settings: CollectionSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._consoles = {c.name: _Console(c, settings, clock) for c in configs if c.admin_dsn}
+        self._addresses = {c.name: _Addresses(c.addresses, clock) for c in configs if c.addresses}
         self._configs = tuple(configs)
 
     def __bool__(self) -> bool:
@@ -383,12 +381,12 @@ class Poolers:
         thread, to its own deadline (a connect and a statement), and the next calls find it
         rather than open another, without waiting for it again: a console that hangs costs
         the first call `seconds`, and the calls until its read ends nothing."""
-        deadline = time.monotonic() + seconds
+        deadline = self._clock() + seconds
         reading = {name: console.start(watchdog) for name, console in self._consoles.items()}
         late = KeptConnection.unanswered(seconds)
         views = []
         for config in self._configs:
-            left = max(deadline - time.monotonic(), 0.0)
+            left = max(deadline - self._clock(), 0.0)
             if config.name in reading:
                 views.append(self._consoles[config.name].wait(reading[config.name], left, late))
             else:

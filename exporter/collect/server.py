@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
 from typing import Protocol
 
 import psycopg
@@ -16,6 +15,7 @@ import psycopg
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.keys.registry import Registry
+from pg_advisory_exporter.sharing import Shared, Turn
 
 from .connection import ServerConnection, ServerIdentity
 from .kept_connection import CannotCollect
@@ -122,13 +122,11 @@ class Server:
         self._clock = clock
         self._connection = ServerConnection(config)
         self._poolers = Poolers(config.poolers, self.settings)
+        # The collections, shared by the scrapes that come within min_interval of each other.
+        self._collections: Shared[Collection] = Shared(self.settings.min_interval, clock)
         # Shared between scrapes, the collection and the watchdog; guarded by _state.
         self._state = threading.Lock()
-        self._task: Task[Collection] | None = None  # queued or running
-        self._task_submitted = 0.0
-        self._generation = 0  # which collection a deadline belongs to
-        self._expired = False  # the running collection passed its deadline
-        self._last: Collection | None = None
+        self._task: Task[Collection] | None = None  # the last one queued
         self._last_success_unix: float | None = None
         self._databases: frozenset[str] | None = None  # the last successful collection saw
         self._last_collection_unix: float | None = None
@@ -142,9 +140,7 @@ class Server:
         self._answering: tuple[object, Reader | None] = ((), None)
         # Used by the collection only, and collections of one server never overlap.
         self._claimed: ServerIdentity | None = None
-        self._warned_privilege = False
-        self._logged_error: str | None = None
-        self._pooler_errors: dict[str, str | None] = {}
+        self._said = logs.Changes()
 
     # -- who reads it ------------------------------------------------------------------------
 
@@ -242,45 +238,41 @@ class Server:
         if reader is not self:
             return reader.begin(urgent, queue)
         now = self._clock()
+        asked = self._collections.ask(fresh=lambda _: self._connection.backing_off(now))
+        if isinstance(asked, Future):
+            with self._state:
+                task = self._task
+            if urgent and task is not None:
+                self._pool.expedite(task)
+            return asked
+        if not isinstance(asked, Turn):
+            return asked
+        last = self._collections.last()
+        if urgent:
+            priority = Priority.URGENT
+        elif last is None:
+            priority = Priority.NEW
+        elif not last.ok:
+            priority = Priority.SUSPECT
+        else:
+            priority = Priority.ROUTINE
+        task = Task(self._collect, asked.future)
         with self._state:
-            if self._task is not None:
-                if urgent:
-                    self._pool.expedite(self._task)
-                return self._task.future
-            last = self._last
-            if last is not None and (
-                now - last.finished_at < self.settings.min_interval
-                or self._connection.backing_off(now)
-            ):
-                return last
-            self._generation += 1
-            self._task_submitted = now
-            if urgent:
-                priority = Priority.URGENT
-            elif last is None:
-                priority = Priority.NEW
-            elif not last.ok:
-                priority = Priority.SUSPECT
-            else:
-                priority = Priority.ROUTINE
-            self._task = Task(partial(self._collect, self._generation))
-            if queue is None:
-                self._pool.enqueue([(self._task, priority)])
-            else:
-                queue.append((self._task, priority))
-            return self._task.future
+            self._task = task
+        if queue is None:
+            self._pool.enqueue([(task, priority)])
+        else:
+            queue.append((task, priority))
+        return asked.future
 
     def late(self) -> Collection:
         """What a scrape reports when the collection is not done in time (it is not recorded:
         the collection goes on, and is recorded when it ends or its deadline passes)."""
         now = self._clock()
-        with self._state:
-            submitted = self._task_submitted
-        return Collection(now, now - submitted, error="collection timed out")
+        return Collection(now, now - self._collections.started(), error="collection timed out")
 
     def last(self) -> Collection | None:
-        with self._state:
-            return self._last
+        return self._collections.last()
 
     def databases(self) -> frozenset[str] | None:
         """The databases its last successful collection saw (templates left out), or None
@@ -308,25 +300,21 @@ class Server:
 
     # -- collection (one at a time, on the pool) -------------------------------------------
 
-    def _collect(self, generation: int) -> Collection:
+    def _collect(self) -> Collection:
         started = self._clock()
-        alarm = self._watchdog.arm(self.settings.scrape_wait, partial(self._expire, generation))
+        wait = self.settings.scrape_wait
         try:
-            with self._connection.use():
-                collection = self._read(started)
+            with (
+                self._connection.deadline(self._watchdog, wait, self._expiring) as expired,
+                self._connection.use(),
+            ):
+                collection = self._read(started, expired)
         except Exception:  # never let one server's bug take the exporter down
             log.exception("collection failed unexpectedly", extra={"target": self.name})
             collection = self._failed(started, "internal error, see the exporter's log")
-        finally:
-            self._watchdog.disarm(alarm)
-        with self._state:
-            expired = self._expired
-            self._expired = False
-        if expired:  # an interrupted connection is never used again
+        if expired.is_set():  # an interrupted connection is never used again
             self._connection.drop()
         with self._state:
-            self._last = collection
-            self._task = None
             self._last_collection_unix = time.time()
             if collection.ok:
                 self._last_success_unix = self._last_collection_unix
@@ -334,25 +322,20 @@ class Server:
                 self._databases = collection.snapshot.databases
         return collection
 
-    def _expire(self, generation: int) -> None:
-        """The watchdog's call when a collection passes its deadline."""
-        with self._state:
-            if self._generation != generation or self._task is None:
-                return  # that collection has ended
-            self._expired = True
+    def _expiring(self) -> None:
+        """The watchdog's word when a collection passes its deadline."""
         log.warning(
             "collection passed its deadline; cancelling it and closing the connection",
             extra={"target": self.name, "deadline_seconds": self.settings.scrape_wait},
         )
-        self._connection.interrupt()
 
-    def _read(self, started: float) -> Collection:
+    def _read(self, started: float, expired: threading.Event) -> Collection:
         reused = self._connection.is_open()
         try:
             try:
                 snapshot = self._snapshot()
             except psycopg.Error as exc:
-                if not (reused and self._connection_lost()):
+                if not (reused and self._connection_lost(expired)):
                     raise
                 # A server restart or a terminated backend leaves a dead connection behind;
                 # the first collection after it reconnects at once instead of reporting
@@ -369,15 +352,14 @@ class Server:
             self._connection.drop()
             return self._failed(started, str(exc))
         except psycopg.Error as exc:
-            if self._connection_lost():
+            if self._connection_lost(expired):
                 self._connection.drop()
-            return self._failed(started, self._describe(exc))
+            return self._failed(started, self._describe(exc, expired))
         self._check_privilege(snapshot)
         poolers = self._read_poolers(started)
         finished = self._clock()
-        if self._logged_error is not None:
+        if self._said.changed("collection", None):
             log.info("collection succeeded again", extra={"target": self.name})
-            self._logged_error = None
         return Collection(finished, finished - started, snapshot, poolers)
 
     def _snapshot(self) -> ServerSnapshot:
@@ -427,26 +409,22 @@ class Server:
             error = f"cannot read: {type(exc).__name__}: {exc}"
             views = tuple(PoolerView(c.name, error) for c in self.config.poolers)
         for view in views:  # once per distinct error, as for the server
-            if view.error != self._pooler_errors.get(view.name):
-                if view.error is None:
-                    log.info("pooler read again", extra={"target": self.name, "pooler": view.name})
-                else:
-                    log.warning(
-                        "cannot read the pooler",
-                        extra={"target": self.name, "pooler": view.name, "error": view.error},
-                    )
-            self._pooler_errors[view.name] = view.error
+            if not self._said.changed(f"pooler {view.name}", view.error):
+                continue
+            if view.error is None:
+                log.info("pooler read again", extra={"target": self.name, "pooler": view.name})
+            else:
+                log.warning(
+                    "cannot read the pooler",
+                    extra={"target": self.name, "pooler": view.name, "error": view.error},
+                )
         return views
 
-    def _connection_lost(self) -> bool:
-        with self._state:
-            expired = self._expired
-        return not expired and self._connection.lost()
+    def _connection_lost(self, expired: threading.Event) -> bool:
+        return not expired.is_set() and self._connection.lost()
 
-    def _describe(self, exc: psycopg.Error) -> str:
-        with self._state:
-            expired = self._expired
-        if expired:
+    def _describe(self, exc: psycopg.Error, expired: threading.Event) -> str:
+        if expired.is_set():
             return (
                 f"{self._connection.unanswered(self.settings.scrape_wait)} (the collection's "
                 "deadline); the statement was cancelled and the connection closed"
@@ -456,20 +434,16 @@ class Server:
     def _failed(self, started: float, error: str) -> Collection:
         with self._state:
             self._errors_total += 1
-        # Once per distinct error: a fleet of servers that stay down must not flood the log.
-        if error != self._logged_error:
+        if self._said.changed("collection", error):
             log.error("collection failed", extra={"target": self.name, "error": error})
-            self._logged_error = error
         else:
             log.debug("collection failed again", extra={"target": self.name, "error": error})
         finished = self._clock()
         return Collection(finished, finished - started, error=error)
 
     def _check_privilege(self, snapshot: ServerSnapshot) -> None:
-        if snapshot.can_read_all_stats:
-            self._warned_privilege = False
-        elif not self._warned_privilege:
-            self._warned_privilege = True
+        can_read = snapshot.can_read_all_stats
+        if self._said.changed("privilege", can_read, initial=True) and not can_read:
             role = self._connection.role
             log.warning(
                 "the monitoring role cannot see other sessions' state: states are reported "

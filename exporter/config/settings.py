@@ -38,10 +38,10 @@ from pg_advisory_exporter.endpoints import RESERVED_PATHS
 from pg_advisory_exporter.fleet.discovery import (
     DBNAME_PATTERN,
     AllowList,
-    IpAddress,
     TargetAddress,
     parse_allowed,
 )
+from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.fleet.sharding import Shard, ordinal_of
 from pg_advisory_exporter.keys.appnames import RewriteRule, compile_pattern, parse_template
 from pg_advisory_exporter.keys.catalog import CatalogChoice

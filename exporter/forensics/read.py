@@ -8,6 +8,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -24,6 +26,7 @@ from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.config.settings import LocksPageSettings, TargetSettings
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.registry import Registry
+from pg_advisory_exporter.sharing import Shared, Turn
 
 log = logs.named("forensics")
 
@@ -495,44 +498,42 @@ class Answer:
 
 class OnDemand:
     """One target's answers: a request within `reuse_for` of the last answer gets it, and
-    requests that arrive while a read runs wait for it, so that any number of people and
-    scripts cause at most one read of pg_locks per `reuse_for`. The read runs in the
-    caller's thread (an HTTP request's), never on the collection pool."""
+    requests that arrive while a read runs wait for it (at most `wait_at_most`), so that any
+    number of people and scripts cause at most one read of pg_locks per `reuse_for`. The
+    read runs in the caller's thread (an HTTP request's), never on the collection pool."""
 
-    def __init__(self, read: Callable[[], Forensics], reuse_for: float, wait_at_most: float):
+    def __init__(
+        self,
+        read: Callable[[], Forensics],
+        reuse_for: float,
+        wait_at_most: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._read = read
-        self._reuse_for = reuse_for
+        self._answers: Shared[Answer] = Shared(reuse_for, clock)
         self._wait_at_most = wait_at_most  # for a read that somebody else runs
-        self._cond = threading.Condition()
-        self._running = False
-        self._done = 0  # reads finished
-        self._last: Answer | None = None
+        self._clock = clock
 
     def get(self) -> tuple[Answer, float]:
         """An answer and its age in seconds."""
-        with self._cond:
-            joined = None  # the read this request waits for
-            while True:
-                last, now = self._last, time.monotonic()
-                if last is not None and (
-                    now - last.finished < self._reuse_for
-                    or (joined is not None and self._done > joined)
-                ):
-                    return last, now - last.finished
-                if not self._running:
-                    break
-                joined = self._done
-                if not self._cond.wait(self._wait_at_most):
-                    gave_up = "another read of this target is still running; try again later"
-                    return Answer(None, gave_up, now), 0.0
-            self._running = True
-        try:
-            result = self._answer()
-        finally:
-            with self._cond:
-                self._running = False
-                self._cond.notify_all()
-        return result, 0.0
+        asked = self._answers.ask()
+        if isinstance(asked, Turn):
+            try:
+                answer = self._answer()
+            except BaseException as exc:  # the read's waiters are never left waiting
+                asked.future.set_exception(exc)
+                raise
+            asked.future.set_result(answer)
+            return answer, 0.0
+        if isinstance(asked, Future):
+            try:
+                answer = asked.result(timeout=self._wait_at_most)
+            except FutureTimeout:
+                gave_up = "another read of this target is still running; try again later"
+                return Answer(None, gave_up, self._clock()), 0.0
+        else:
+            answer = asked
+        return answer, self._clock() - answer.finished
 
     def _answer(self) -> Answer:
         try:
@@ -540,14 +541,10 @@ class OnDemand:
             error = None
         except Unanswered as exc:
             forensics, error = None, str(exc)
-        except Exception:  # a bug must not take down the exporter or leave waiters waiting
+        except Exception:  # a bug must not take down the exporter
             log.exception("reading the locks failed unexpectedly")
             forensics, error = None, "internal error, see the exporter's log"
-        result = Answer(forensics, error, time.monotonic())
-        with self._cond:
-            self._last = result
-            self._done += 1
-        return result
+        return Answer(forensics, error, self._clock())
 
 
 def on_demand(target: TargetSettings, watchdog: Watchdog) -> OnDemand:

@@ -23,12 +23,12 @@ from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.settings import AuthModuleSettings, DiscoveredTargetsSettings
 from pg_advisory_exporter.fleet.discovery import (
     AllowList,
-    IpAddress,
     Refused,
     TargetAddress,
     parse_target,
     resolve,
 )
+from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.metrics import Sample, families
 
 log = logs.named("discovered")
