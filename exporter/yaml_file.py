@@ -4,12 +4,16 @@ duplicate keys are checked before anything is built from it. Every file the expo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
-from .schema import ConfigError, location
+from .schema import ConfigError, describe_error, location
+
+M = TypeVar("M", bound=BaseModel)
 
 # A 10,000-target fleet file is about 1.5 MB, while a 50 MB file took a minute and half a
 # gigabyte to load: a reload would hold up the exporter that long for a file that is a mistake.
@@ -164,3 +168,32 @@ def read_yaml(path: Path, what: str = "configuration file") -> object:
     `what` names the kind of file in the messages that cannot say where in it the problem is.
     """
     return _parse(_read_text(path, what), path)
+
+
+def _no_document(path: Path, what: str) -> object:
+    raise ConfigError(f"{path}: the {what} is empty")
+
+
+def read_model(
+    path: Path,
+    model: type[M],
+    *,
+    what: str = "configuration file",
+    expected: str = "a mapping",
+    if_empty: Callable[[], object] | None = None,
+    problem: Callable[[Mapping[str, Any]], str] = describe_error,
+) -> M:
+    """The file at `path` read as `model`: a ConfigError names the file and, for each thing
+    wrong, where in the file it is (`FILE: targets[1].dsn: ...`) and `problem`'s words for
+    it. An empty file is what `if_empty` gives (or raises), else an error."""
+    data = read_yaml(path, what)
+    if data is None:
+        data = _no_document(path, what) if if_empty is None else if_empty()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: (top level): expected {expected}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            "\n".join(f"{path}: {location(e['loc'])}: {problem(e)}" for e in exc.errors())
+        ) from None

@@ -18,9 +18,8 @@ from pg_advisory_exporter.schema import (
     Strict,
     describe_error,
     format_duration,
-    location,
 )
-from pg_advisory_exporter.yaml_file import read_yaml
+from pg_advisory_exporter.yaml_file import read_model
 
 RUNBOOK_URL = (
     "https://github.com/pg-advisory-exporter/pg-advisory-exporter/blob/main/docs/runbook.md"
@@ -551,15 +550,14 @@ def thresholds_from(file: Path | None, settings: Sequence[str]) -> Thresholds:
     values: dict[str, Any] = {}
     if file is not None:
         # The configuration's reader: a key given twice is refused, not the last one taken.
-        loaded = read_yaml(file, "thresholds file") or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{file}: expected a mapping of threshold names to values")
-        try:
-            values = Thresholds.model_validate(loaded).model_dump(exclude_unset=True)
-        except ValidationError as exc:
-            raise ConfigError(
-                "\n".join(f"{file}: {location(e['loc'])}: {_problem(e)}" for e in exc.errors())
-            ) from None
+        values = read_model(
+            file,
+            Thresholds,
+            what="thresholds file",
+            expected="a mapping of threshold names to values",
+            if_empty=dict,
+            problem=_problem,
+        ).model_dump(exclude_unset=True)
     for setting in settings:
         name, sep, value = setting.partition("=")
         if not sep:

@@ -212,7 +212,7 @@ class ServerConnection(KeptConnection[Session]):
         # False once a server-side read of the registry failed: tried again at the next
         # connection, not at every collection (each would put an error in the server's log).
         self._complete = True
-        self._noted: set[str] = set()  # catalog entries left out, each logged once
+        self._said = logs.Changes()  # catalog entries left out, each logged once
 
     def connection(self) -> psycopg.Connection[Any]:
         """The open connection, or a new one (CannotCollect or psycopg.Error if not, and
@@ -280,6 +280,5 @@ class ServerConnection(KeptConnection[Session]):
 
     def _note(self, message: str) -> None:
         """Once per target, not at every connection: the same configuration says the same."""
-        if message not in self._noted:
-            self._noted.add(message)
+        if self._said.changed(message, True):
             log.info(message, extra={"target": self.name})

@@ -53,9 +53,8 @@ from pg_advisory_exporter.schema import (
     describe_error,
     duration_within,
     format_duration,
-    location,
 )
-from pg_advisory_exporter.yaml_file import read_yaml
+from pg_advisory_exporter.yaml_file import read_model
 
 from .dsn import Dsn, check_password_source, server_of, with_password
 
@@ -761,15 +760,9 @@ def read_environment() -> Overrides:
 
 
 def _read_file(path: Path) -> FileConfig:
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: (top level): expected a mapping with a 'targets' list")
-    try:
-        file = FileConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(
-            "\n".join(f"{path}: {location(e['loc'])}: {describe_error(e)}" for e in exc.errors())
-        ) from None
+    file = read_model(
+        path, FileConfig, expected="a mapping with a 'targets' list", if_empty=lambda: None
+    )
     for i, target in enumerate(file.targets):
         try:
             check_configs(file.keys + target.keys)

@@ -14,19 +14,18 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from pg_advisory_exporter.schema import ConfigError, Strict, describe_error, location
-from pg_advisory_exporter.yaml_file import read_yaml
+from pg_advisory_exporter.schema import ConfigError, Strict
+from pg_advisory_exporter.yaml_file import read_model
 
 # exporter-toolkit's names (Go's tls.CipherSuites()) and OpenSSL's for the same suites.
 # The TLS 1.3 ones have no OpenSSL name here: Go ignores them in a configuration (TLS 1.3
@@ -266,10 +265,6 @@ def _ssl_context(config: TlsServerConfig, folder: Path, source: str) -> ssl.SSLC
     return context
 
 
-def _error(path: Path, error: Mapping[str, Any]) -> str:
-    return f"{path}: {location(error['loc'])}: {describe_error(error)}"
-
-
 def read_web_config(path: Path, *, allow_empty: bool = True) -> WebSettings:
     """Read and check the file and every file it names; ConfigError says where and why.
 
@@ -277,19 +272,15 @@ def read_web_config(path: Path, *, allow_empty: bool = True) -> WebSettings:
     reload refuses it (`allow_empty=False`): it is what a file being rewritten in place
     looks like until the writer is done.
     """
-    data = read_yaml(path)
-    if data is None:
+
+    def empty() -> object:
         if not allow_empty:
             raise ConfigError(
                 f"{path}: the file is empty; write the new one beside it and rename it over it"
             )
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: (top level): expected a mapping")
-    try:
-        config = WebConfigFile.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError("\n".join(_error(path, e) for e in exc.errors())) from None
+        return {}
+
+    config = read_model(path, WebConfigFile, what="web configuration file", if_empty=empty)
     folder = path.parent
     tls = config.tls_server_config
     files = [path]
