@@ -98,3 +98,11 @@ class Strict(BaseModel):
     """A configuration block: unknown fields are errors, values never change after loading."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def port_number(text: str, lowest: int = 1) -> int:
+    """A TCP port written as decimal digits, from `lowest` (0 where it picks a free port, as
+    a listen address's may) to 65535; ValueError says which range."""
+    if not re.fullmatch(r"[0-9]{1,5}", text) or not lowest <= int(text) <= 65535:
+        raise ValueError(f"the port must be a number from {lowest} to 65535")
+    return int(text)

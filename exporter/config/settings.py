@@ -53,6 +53,7 @@ from pg_advisory_exporter.schema import (
     describe_error,
     duration_within,
     format_duration,
+    port_number,
 )
 from pg_advisory_exporter.yaml_file import read_model
 
@@ -145,9 +146,10 @@ def split_listen_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not re.fullmatch(r"[0-9]+", port):
         raise ValueError(f"{address!r} is not host:port (for example :9846 or 127.0.0.1:9846)")
-    if int(port) > 65535:
-        raise ValueError(f"{address!r}: the port must be 0 to 65535 (0 picks a free port)")
-    return host.strip("[]"), int(port)
+    try:
+        return host.strip("[]"), port_number(port, lowest=0)
+    except ValueError as exc:
+        raise ValueError(f"{address!r}: {exc} (0 picks a free port)") from None
 
 
 def _check_listen_address(address: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pg_advisory_exporter.fleet import resolver
 from pg_advisory_exporter.fleet.resolver import IpAddress
+from pg_advisory_exporter.schema import port_number
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -24,7 +25,6 @@ _PATTERN = re.compile(rf"(?:\*\.)?{_LABEL}(?:\.{_LABEL})*")
 # A database name as a URL carries it: PostgreSQL allows more, a probe URL needs no more.
 DBNAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_$.-]{0,62}"
 _DBNAME = re.compile(DBNAME_PATTERN)
-_PORT = re.compile(r"[0-9]{1,5}")
 # HOST (a name, an IPv4 address or [IPv6]), then :PORT, then /DBNAME, each optional after HOST.
 _TARGET = re.compile(r"(?P<host>\[[^\]]*\]|[^:/\[\]]+)(?::(?P<port>[^/]*))?(?:/(?P<dbname>.*))?")
 
@@ -34,9 +34,10 @@ class Refused(ValueError):
 
 
 def _port(text: str, what: str) -> int:
-    if not _PORT.fullmatch(text) or not 0 < int(text) <= 65535:
-        raise Refused(f"{what}: the port must be a number from 1 to 65535")
-    return int(text)
+    try:
+        return port_number(text)
+    except ValueError as exc:
+        raise Refused(f"{what}: {exc}") from None
 
 
 def _host(text: str) -> str | IpAddress:
