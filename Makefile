@@ -18,9 +18,9 @@ OTHER_VERSIONS := pg and not any_version
 
 # The folder `exporter/` installs as `pg_advisory_exporter`. A strict editable install links
 # each module under that name where every tool (mypy included) finds it; a new module needs
-# the step again, and adding one changes the folder's time, which triggers it.
+# the step again, and adding one changes its folder's time, which triggers it.
 # Debian's python3 makes no virtualenv without its python3-venv package: as root, install it.
-$(INSTALLED): pyproject.toml exporter
+$(INSTALLED): pyproject.toml $(shell find exporter -type d -not -name __pycache__)
 	$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "missing: sudo apt-get install python3-venv"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
