@@ -7,7 +7,7 @@ connections hold `--locks` session-level advisory locks between them, and then m
 - the client-side wall time of the exporter's collection statement against the cheapest
   possible read of the same data, `SELECT count(*) FROM pg_locks`, and their ratio: reading
   pg_locks dominates both, so the ratio is what the collection adds. The statement is timed
-  in four configurations: without a key registry (`COLLECT_SQL`), with an 11-key registry
+  in four configurations: without a key registry (`collect_sql()`), with an 11-key registry
   (the figure of earlier releases), with the built-in catalog's keys as a server of three
   databases gets them (what a target has by default), and with those plus a 10-key
   registry; and the statement of the `/locks` page, which runs only when a person asks;
@@ -46,7 +46,7 @@ from psycopg.rows import TupleRow
 
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
 from pg_advisory_exporter.collect.capacity import lock_table_capacity
-from pg_advisory_exporter.collect.snapshot import COLLECT_SQL, collect_sql, read_snapshot
+from pg_advisory_exporter.collect.snapshot import collect_sql, read_snapshot
 from pg_advisory_exporter.forensics.read import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
 from pg_advisory_exporter.keys.registry import KeyConfig, Registry, md5_key
 
@@ -221,7 +221,7 @@ def configurations() -> list[Configuration]:
 
     with_catalog = USER_REGISTRY + CATALOG_MODEL
     return [
-        Configuration(COLLECTION_LABEL, 0, COLLECT_SQL),
+        Configuration(COLLECTION_LABEL, 0, collect_sql()),
         Configuration(
             f"{len(BENCH_REGISTRY)}-key registry",
             len(BENCH_REGISTRY),

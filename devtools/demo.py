@@ -90,9 +90,8 @@ REBALANCE_PAUSE = 1.5
 LEADER_LOCK_SQL = "SELECT pg_advisory_lock(42)"
 # ActiveRecord's migration lock on database billing, as Rails takes it (2053462845 times the
 # CRC-32 of the database's name): no registry entry names it, the built-in catalog does.
-RAILS_MIGRATION_LOCK_SQL = (
-    f"SELECT pg_try_advisory_lock({catalog.BY_NAME['rails_migration'].key_for(BILLING_DB)})"
-)
+[_RAILS_MIGRATION] = catalog.key_configs([catalog.BY_NAME["rails_migration"]], [BILLING_DB])
+RAILS_MIGRATION_LOCK_SQL = f"SELECT pg_try_advisory_lock({_RAILS_MIGRATION.key})"
 BILLING_CRON_LOCK_SQL = "SELECT pg_advisory_lock(-6110350855857795459)"
 
 Connection = psycopg.Connection[tuple[Any, ...]]

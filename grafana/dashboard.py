@@ -20,7 +20,8 @@ from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from pg_advisory_exporter.alerting.rules import ANSWERS_FOR_SERVER, RUNBOOK_URL, Thresholds
+from pg_advisory_exporter.alerting.alerts import ANSWERS_FOR_SERVER
+from pg_advisory_exporter.alerting.rules import RUNBOOK_URL, Thresholds
 from pg_advisory_exporter.metrics import SPECS
 from pg_advisory_exporter.schema import format_duration
 

@@ -17,13 +17,8 @@ import pytest
 from support import BACKEND_START, forensic_backend
 
 from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
-from pg_advisory_exporter.forensics.page import (
-    CHAIN_DEPTH,
-    Page,
-    blocking_chains,
-    forensics_json,
-    render,
-)
+from pg_advisory_exporter.forensics.glance import CHAIN_DEPTH, blocking_chains
+from pg_advisory_exporter.forensics.page import Page, forensics_json, render
 from pg_advisory_exporter.forensics.read import (
     Answer,
     Backend,

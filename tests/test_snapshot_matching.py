@@ -15,12 +15,7 @@ import pytest
 from support import Connection, Session, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.collect.snapshot import (
-    COLLECT_SQL,
-    ServerSnapshot,
-    collect_sql,
-    read_snapshot,
-)
+from pg_advisory_exporter.collect.snapshot import ServerSnapshot, collect_sql, read_snapshot
 from pg_advisory_exporter.keys.registry import KeyConfig, Registry, md5_key
 
 # Keys at the edges: the high bit of objid set (classid 1, objid 0x80000001), negative keys
@@ -268,8 +263,7 @@ def test_a_registry_of_hundreds_of_catalog_keys(session: Session, pg: EmbeddedPo
 
 def test_statement_text() -> None:
     """No registry: no matching at all; a registry: its keys as constants, nothing bound."""
-    assert collect_sql() == COLLECT_SQL
-    assert "key_codes" not in COLLECT_SQL
+    assert "key_codes" not in collect_sql()
     sql = collect_sql(resolve(MIXED))
     assert str(LARGEST) in sql
     assert str(SMALLEST) in sql

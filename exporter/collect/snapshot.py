@@ -260,9 +260,6 @@ def collect_sql(registry: Registry = NO_KEYS) -> str:
     return _collect_sql(tuple((name, tuple(arrays[name])) for name in sorted(arrays)))
 
 
-COLLECT_SQL = collect_sql()
-
-
 @dataclass(frozen=True)
 class KeyUse:
     """What one backend does with one registered key."""

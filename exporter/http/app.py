@@ -167,149 +167,39 @@ def _locks_answer(
 LOCKS_AT_ONCE = 8
 
 
+# Reading is GET (and HEAD, which sends no body); only a change of state is POST.
+_READ = ("GET", "HEAD")
+
+
 def make_app(exported: Exported) -> WsgiApp:
-    metrics_app = make_wsgi_app(exported.collectors)  # negotiation, gzip and name[] filters
+    return _Endpoints(exported)
 
-    def exposition(
-        app: WsgiApp, environ: dict[str, Any], start: StartResponse, spent: float = 0.0
-    ) -> list[bytes]:
-        # `spent`: seconds of the scrape's timeout already used before the collection.
-        timeout = _scrape_timeout(environ)
-        scrape = ScrapeContext(timeout=None if timeout is None else timeout - spent)
-        token = current_scrape.set(scrape)
-        try:
-            with scrape.rendering:
-                return list(app(environ, start))
-        finally:
-            current_scrape.reset(token)
 
-    def unknown(start_response: StartResponse, path: str, name: str) -> list[bytes]:
-        elsewhere = exported.elsewhere(name)
-        if elsewhere is not None:  # never collected here: a second connection to its server
-            return _text(start_response, "404 Not Found", elsewhere)
-        known = ", ".join(t.name for t in exported.targets())
-        return _text(
-            start_response,
-            "404 Not Found",
-            f"unknown target {name!r}: {path} takes the name of a configured target "
-            f"({known}), never a host or a DSN",
-        )
+class _Endpoints:
+    """The WSGI app: each request routed by its path to the handler of that endpoint, a
+    method each."""
 
-    def probe(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        # A name from the configuration, or a host that an auth module's allow-list admits:
-        # a host or a DSN taken as it comes would let anyone who can reach the exporter
-        # make it connect anywhere.
-        query = parse_qs(environ.get("QUERY_STRING", ""))
-        names, modules = query.get("target", []), query.get("auth_module", [])
-        if len(names) != 1 or len(modules) > 1:
-            return _text(
-                start_response,
-                "400 Bad Request",
-                "give one ?target=NAME, or ?target=HOST[:PORT][/DBNAME]&auth_module=MODULE",
-            )
-        started = time.monotonic()
-        target = (
-            exported.discover(names[0], modules[0], _scrape_timeout(environ))
-            if modules
-            else exported.target(names[0])
-        )
-        if target is None:
-            return unknown(start_response, PROBE_PATH, names[0])
-        if isinstance(target, ProbeRefused):  # before any connection for it
-            return _text(start_response, target.refusal.status, target.message)
-        registry = CollectorRegistry()
-        registry.register(ProbeCollector(target, exported.pool))
-        spent = time.monotonic() - started  # a discovered server's first list of databases
-        return exposition(make_wsgi_app(registry), environ, start_response, spent)
+    def __init__(self, exported: Exported) -> None:
+        self.exported = exported
+        # prometheus_client's app: content negotiation, gzip and name[] filters.
+        self.metrics_app = make_wsgi_app(exported.collectors)
+        self.locks_at_once = threading.BoundedSemaphore(LOCKS_AT_ONCE)
+        self.routes: dict[str, tuple[tuple[str, ...], WsgiApp]] = {
+            exported.telemetry_path: (_READ, self.metrics),
+            PROBE_PATH: (_READ, self.probe),
+            LOCKS_PATH: (_READ, self.locks),
+            LANDING_PATH: (_READ, self.landing),
+            HEALTH_PATH: (_READ, self.health),
+            HEALTHY_PATH: (_READ, _alive),
+            READY_PATH: (_READ, _alive),  # the configuration is loaded once anything is served
+            RELOAD_PATH: (("POST",), self.reload),
+        }
 
-    locks_at_once = threading.BoundedSemaphore(LOCKS_AT_ONCE)
-
-    def locks(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        # Read on request only, in this request's thread, at most once per reuse_for: the
-        # daemon's OnDemand answers the requests that come close together from one read.
-        query = parse_qs(environ.get("QUERY_STRING", ""))
-        names = query.get("target", [])
-        if len(names) != 1:
-            return _text(start_response, "400 Bad Request", "give one ?target=NAME")
-        as_json = _wants_json(environ, query)
-        if as_json is None:
-            return _text(start_response, "400 Bad Request", "format is json or html")
-        target = exported.target(names[0])
-        if target is None:
-            return unknown(start_response, LOCKS_PATH, names[0])
-        if not locks_at_once.acquire(blocking=False):
-            # By then the answer being read is there to reuse, or the next read is due.
-            retry = max(1, math.ceil(target.config.locks_page.reuse_for))
-            start_response(
-                "429 Too Many Requests",
-                [("Retry-After", str(retry)), ("Content-Type", "text/plain; charset=utf-8")],
-            )
-            return [
-                f"{LOCKS_AT_ONCE} /locks requests are being answered; retry in {retry}s\n".encode()
-            ]
-        try:
-            reply = exported.locks(names[0])
-            if reply is None:  # removed by a reload meanwhile
-                return unknown(start_response, LOCKS_PATH, names[0])
-            return _locks_answer(start_response, names[0], reply, as_json)
-        finally:
-            locks_at_once.release()  # the answer is sent after: its bytes are shared
-
-    def reload(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        if not exported.lifecycle_enabled:
-            return _text(
-                start_response,
-                "403 Forbidden",
-                "the lifecycle API is off: start with --web.enable-lifecycle to reload over "
-                "HTTP (SIGHUP reloads either way)",
-            )
-        # A web page elsewhere can make a browser POST here (no preflight for a form): its
-        # Origin names that page. Tools such as curl send none.
-        origin = environ.get("HTTP_ORIGIN")
-        if origin is not None and urlsplit(origin).netloc != environ.get("HTTP_HOST"):
-            return _text(
-                start_response,
-                "403 Forbidden",
-                f"a request from the web page of {origin} cannot reload the exporter",
-            )
-        error = exported.reload()
-        if error is not None:
-            return _text(start_response, "500 Internal Server Error", f"reload refused: {error}")
-        return _text(start_response, "200 OK", "reloaded")
-
-    def landing(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-        return [_landing_page(exported.telemetry_path, exported.targets())]
-
-    def health(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        status, body = _health(exported.targets())
-        start_response(status, [("Content-Type", "application/json")])
-        return [body]
-
-    def alive(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        # Serving this answer is the proof: a database that is down never fails it.
-        return _text(start_response, "200 OK", "OK")
-
-    def metrics(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        return exposition(metrics_app, environ, start_response)
-
-    # Reading is GET (and HEAD, which sends no body); only a change of state is POST.
-    routes: dict[str, tuple[tuple[str, ...], WsgiApp]] = {
-        exported.telemetry_path: (_READ, metrics),
-        PROBE_PATH: (_READ, probe),
-        LOCKS_PATH: (_READ, locks),
-        LANDING_PATH: (_READ, landing),
-        HEALTH_PATH: (_READ, health),
-        HEALTHY_PATH: (_READ, alive),
-        READY_PATH: (_READ, alive),  # the configuration is loaded once anything is served
-        RELOAD_PATH: (("POST",), reload),
-    }
-
-    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        route = routes.get(environ.get("PATH_INFO", "/"))
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        route = self.routes.get(environ.get("PATH_INFO", "/"))
         if route is None:
             return _text(
-                start_response, "404 Not Found", f"not found; try {exported.telemetry_path}"
+                start_response, "404 Not Found", f"not found; try {self.exported.telemetry_path}"
             )
         methods, handler = route
         method = environ.get("REQUEST_METHOD", "GET")
@@ -325,10 +215,131 @@ def make_app(exported: Exported) -> WsgiApp:
         handler({**environ, "REQUEST_METHOD": "GET"}, start_response)
         return []
 
-    return app
+    def metrics(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        return _exposition(self.metrics_app, environ, start_response)
+
+    def probe(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        # A name from the configuration, or a host that an auth module's allow-list admits:
+        # a host or a DSN taken as it comes would let anyone who can reach the exporter
+        # make it connect anywhere.
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        names, modules = query.get("target", []), query.get("auth_module", [])
+        if len(names) != 1 or len(modules) > 1:
+            return _text(
+                start_response,
+                "400 Bad Request",
+                "give one ?target=NAME, or ?target=HOST[:PORT][/DBNAME]&auth_module=MODULE",
+            )
+        started = time.monotonic()
+        target = (
+            self.exported.discover(names[0], modules[0], _scrape_timeout(environ))
+            if modules
+            else self.exported.target(names[0])
+        )
+        if target is None:
+            return self._unknown(start_response, PROBE_PATH, names[0])
+        if isinstance(target, ProbeRefused):  # before any connection for it
+            return _text(start_response, target.refusal.status, target.message)
+        registry = CollectorRegistry()
+        registry.register(ProbeCollector(target, self.exported.pool))
+        spent = time.monotonic() - started  # a discovered server's first list of databases
+        return _exposition(make_wsgi_app(registry), environ, start_response, spent)
+
+    def locks(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        # Read on request only, in this request's thread, at most once per reuse_for: the
+        # daemon's OnDemand answers the requests that come close together from one read.
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        names = query.get("target", [])
+        if len(names) != 1:
+            return _text(start_response, "400 Bad Request", "give one ?target=NAME")
+        as_json = _wants_json(environ, query)
+        if as_json is None:
+            return _text(start_response, "400 Bad Request", "format is json or html")
+        target = self.exported.target(names[0])
+        if target is None:
+            return self._unknown(start_response, LOCKS_PATH, names[0])
+        if not self.locks_at_once.acquire(blocking=False):
+            return _too_many_locks_requests(start_response, target)
+        try:
+            reply = self.exported.locks(names[0])
+            if reply is None:  # removed by a reload meanwhile
+                return self._unknown(start_response, LOCKS_PATH, names[0])
+            return _locks_answer(start_response, names[0], reply, as_json)
+        finally:
+            self.locks_at_once.release()  # the answer is sent after: its bytes are shared
+
+    def reload(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        if not self.exported.lifecycle_enabled:
+            return _text(
+                start_response,
+                "403 Forbidden",
+                "the lifecycle API is off: start with --web.enable-lifecycle to reload over "
+                "HTTP (SIGHUP reloads either way)",
+            )
+        # A web page elsewhere can make a browser POST here (no preflight for a form): its
+        # Origin names that page. Tools such as curl send none.
+        origin = environ.get("HTTP_ORIGIN")
+        if origin is not None and urlsplit(origin).netloc != environ.get("HTTP_HOST"):
+            return _text(
+                start_response,
+                "403 Forbidden",
+                f"a request from the web page of {origin} cannot reload the exporter",
+            )
+        error = self.exported.reload()
+        if error is not None:
+            return _text(start_response, "500 Internal Server Error", f"reload refused: {error}")
+        return _text(start_response, "200 OK", "reloaded")
+
+    def landing(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+        return [_landing_page(self.exported.telemetry_path, self.exported.targets())]
+
+    def health(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        status, body = _health(self.exported.targets())
+        start_response(status, [("Content-Type", "application/json")])
+        return [body]
+
+    def _unknown(self, start_response: StartResponse, path: str, name: str) -> list[bytes]:
+        elsewhere = self.exported.elsewhere(name)
+        if elsewhere is not None:  # never collected here: a second connection to its server
+            return _text(start_response, "404 Not Found", elsewhere)
+        known = ", ".join(t.name for t in self.exported.targets())
+        return _text(
+            start_response,
+            "404 Not Found",
+            f"unknown target {name!r}: {path} takes the name of a configured target "
+            f"({known}), never a host or a DSN",
+        )
 
 
-_READ = ("GET", "HEAD")
+def _alive(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+    # Serving this answer is the proof: a database that is down never fails it.
+    return _text(start_response, "200 OK", "OK")
+
+
+def _exposition(
+    app: WsgiApp, environ: dict[str, Any], start_response: StartResponse, spent: float = 0.0
+) -> list[bytes]:
+    """prometheus_client's answer, its collections within the scrape's timeout less `spent`
+    (seconds of it already used before the collection)."""
+    timeout = _scrape_timeout(environ)
+    scrape = ScrapeContext(timeout=None if timeout is None else timeout - spent)
+    token = current_scrape.set(scrape)
+    try:
+        with scrape.rendering:
+            return list(app(environ, start_response))
+    finally:
+        current_scrape.reset(token)
+
+
+def _too_many_locks_requests(start_response: StartResponse, target: Target) -> list[bytes]:
+    # By then the answer being read is there to reuse, or the next read is due.
+    retry = max(1, math.ceil(target.config.locks_page.reuse_for))
+    start_response(
+        "429 Too Many Requests",
+        [("Retry-After", str(retry)), ("Content-Type", "text/plain; charset=utf-8")],
+    )
+    return [f"{LOCKS_AT_ONCE} /locks requests are being answered; retry in {retry}s\n".encode()]
 
 
 # Bounds on what clients can hold (http_connections.py): the TLS handshake, request line and

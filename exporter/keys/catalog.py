@@ -69,13 +69,6 @@ class CatalogEntry:
     per_database: Callable[[str], int] | None = None  # database name -> key
     default: bool = True  # on unless the configuration lists the entries to keep
 
-    def key_for(self, database: str) -> int:
-        """The key this library locks when it migrates `database`."""
-        if self.per_database is not None:
-            return self.per_database(database)
-        assert self.key is not None
-        return self.key
-
     def describe(self) -> dict[str, str]:
         """The entry as the table of docs/configuration.md shows it."""
         return {
