@@ -20,19 +20,13 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import FrameType
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.settings import (
-    ConfigFileSettings,
-    Overrides,
-    TargetSettings,
-    load,
-    read_environment,
-)
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.daemon import Daemon
 
 
@@ -64,7 +58,7 @@ class DistinctServers(Daemon):
 
 def main(argv: Sequence[str] | None = None) -> int:
     [path] = sys.argv[1:] if argv is None else argv
-    config = load(Overrides(config=ConfigFileSettings(file=Path(path))), read_environment())
+    config = load({"config_file": str(path)})
     logs.setup(config.log.level, config.log.format)
     daemon = DistinctServers(config)
 

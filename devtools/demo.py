@@ -31,14 +31,13 @@ from pydantic import ValidationError
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect.vocabulary import format_age
-from pg_advisory_exporter.config.settings import (
+from pg_advisory_exporter.config.model import (
     CollectionSettings,
-    Config,
     LogConfig,
     RewriteRuleConfig,
-    TargetSettings,
     WebConfig,
 )
+from pg_advisory_exporter.config.settings import Config, TargetSettings
 from pg_advisory_exporter.daemon import Daemon
 from pg_advisory_exporter.keys import catalog
 from pg_advisory_exporter.keys.registry import KeyConfig

@@ -14,14 +14,9 @@ from types import FrameType
 
 from . import __version__, logs
 from .alerting.rules import dump, prometheus_rule, rule_groups, thresholds_from
-from .config.settings import (
-    SETTINGS,
-    Config,
-    Setting,
-    load,
-    read_environment,
-    read_flags,
-)
+from .config.loader import load
+from .config.settings import Config
+from .config.sources import SETTINGS, Setting
 from .daemon import Daemon
 from .http.web_config import WebSettings, read_web_config
 from .report import run_check
@@ -112,9 +107,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _reader(args: argparse.Namespace) -> Callable[[], Config]:
     """Loads the configuration; a reload calls it again to reread the file."""
-    flags = read_flags({setting.dest: getattr(args, setting.dest) for setting in SETTINGS})
-    env = read_environment()
-    return lambda: load(flags, env)
+    flags = {setting.dest: getattr(args, setting.dest) for setting in SETTINGS}
+    return lambda: load(flags)
 
 
 def run_daemon(config: Config, reread: Callable[[], Config], web: WebSettings | None) -> int:

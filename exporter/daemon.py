@@ -13,7 +13,8 @@ from .collect.scheduling import CollectionPool, Watchdog
 from .collect.server import Directory, Server
 from .collect.target import Target
 from .config.dsn import server_of
-from .config.settings import Config, TargetSettings, split_listen_address
+from .config.model import split_listen_address
+from .config.settings import Config, TargetSettings
 from .forensics.read import Answer, OnDemand, on_demand
 from .http.app import make_app, serve
 from .http.collector import ExporterCollector

@@ -16,7 +16,8 @@ from support import Cli, Config, OneTarget, RunningExporter, Scrape, Session, St
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.collect.connection import DATABASES_SQL
-from pg_advisory_exporter.config.settings import FileConfig, load, read_environment, read_flags
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.model import FileConfig
 from pg_advisory_exporter.keys import catalog
 from pg_advisory_exporter.keys.catalog import (
     BY_NAME,
@@ -173,7 +174,7 @@ def test_a_target_overrides_the_files_choice(tmp_path: Path) -> None:
             }
         )
     )
-    targets = load(read_flags({"config_file": str(path)}), read_environment()).targets
+    targets = load({"config_file": str(path)}).targets
     chosen = [[e.name for e in catalog.selected(t.catalog)] for t in targets]
     assert chosen == [["sqitch", "airflow_migration"], [], [e.name for e in DEFAULTS]]
     # Without a file (--dsn), and in a file that does not say: the default entries.

@@ -27,22 +27,20 @@ from support import Cli, StartService, start_prometheus, wait_until
 
 from pg_advisory_exporter import __version__
 from pg_advisory_exporter.alerting.rules import Thresholds
-from pg_advisory_exporter.config.settings import (
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.model import (
     AUTH_MODULE_OPTIONS,
-    SETTINGS,
     AuthModuleConfig,
     CollectionSettings,
     DiscoveredTargetsSettings,
     FileConfig,
     LocksPageSettings,
     LogConfig,
-    Overrides,
     PoolerConfig,
     RewriteRuleConfig,
     TargetConfig,
-    load,
-    read_flags,
 )
+from pg_advisory_exporter.config.sources import SETTINGS, Settings, read_flags
 from pg_advisory_exporter.keys.registry import KeyConfig
 
 ROOT = Path(__file__).parent.parent
@@ -971,9 +969,7 @@ OWN_CONFIG = [n for n, v in VALUE_SETS.items() if not v.get("config", {}).get("e
 @pytest.mark.parametrize("name", OWN_CONFIG)
 def test_the_exporter_loads_the_rendered_configuration(name: str, tmp_path: Path) -> None:
     values = VALUE_SETS[name]
-    config = load(
-        read_flags({"config_file": exporter_readable(render(values), tmp_path)}), Overrides()
-    )
+    config = load({"config_file": exporter_readable(render(values), tmp_path)})
     given = values.get("config", {}).get("targets", DEFAULT_TARGETS)
     assert [t.name for t in config.targets] == [t["name"] for t in given]
     modules = values.get("config", {}).get("auth_modules", {})
@@ -1121,7 +1117,7 @@ def test_pass_through_values_reach_the_pod() -> None:
     assert only(documents, "Deployment")["spec"]["replicas"] == 2
 
 
-def read_chart_flags(args: list[str]) -> Overrides:
+def read_chart_flags(args: list[str]) -> Settings:
     """The exporter's reading of these --flag=value arguments, each a flag of its own."""
     values: dict[str, str] = {}
     for arg in args:

@@ -33,7 +33,7 @@ from support import MONITOR_PASSWORD, Scrape, Session, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
 from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
-from pg_advisory_exporter.config.settings import SETTINGS
+from pg_advisory_exporter.config.sources import SETTINGS
 from pg_advisory_exporter.fleet.sharding import Shard
 
 # Version-independent (tests/conftest.py): the chart's pod and the image; the server only gives it

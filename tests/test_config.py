@@ -15,13 +15,9 @@ from support import Cli, Config
 
 from devtools.embedded_postgres import free_port
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.config.settings import (
-    Overrides,
-    TargetSettings,
-    load,
-    read_environment,
-    read_flags,
-)
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.settings import TargetSettings
+from pg_advisory_exporter.config.sources import Given, Settings, read_flags, settings_from
 from pg_advisory_exporter.logs import LogfmtFormatter
 from pg_advisory_exporter.schema import ConfigError, parse_duration
 from pg_advisory_exporter.yaml_file import MAX_FILE_BYTES
@@ -174,11 +170,11 @@ def test_valid_configuration_check(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_dsn_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DATA_SOURCE_NAME", DSN)
-    config = load(read_flags({}), read_environment())
+    config = load({})
     assert [t.name for t in config.targets] == ["default"]
     assert config.targets[0].dsn == DSN
     monkeypatch.setenv("PG_ADVISORY_EXPORTER_DSN", "host=preferred")
-    assert load(read_flags({}), read_environment()).targets[0].dsn == "host=preferred"
+    assert load({}).targets[0].dsn == "host=preferred"
 
 
 def test_flags_override_environment_which_overrides_the_file(
@@ -197,7 +193,7 @@ def test_flags_override_environment_which_overrides_the_file(
     )
 
     def settings(flags: dict[str, str]) -> tuple[float, float, float, str]:
-        config = load(read_flags({"config_file": str(path), **flags}), read_environment())
+        config = load({"config_file": str(path), **flags})
         a, b = (t.collection for t in config.targets)
         return a.min_interval, b.min_interval, a.statement_timeout, config.log.level
 
@@ -241,9 +237,12 @@ def test_logfmt_quotes_hostile_values() -> None:
     assert 'msg="collection failed"' in line
 
 
-def test_overrides_reject_unknown_settings() -> None:
-    with pytest.raises(ValueError, match="Extra inputs"):
-        Overrides.model_validate({"nonsense": 1})
+def test_the_settings_reject_what_no_setting_is() -> None:
+    source = Given(Settings)
+    source.values[("web", "nonsense")] = 1
+    source.origins[("web", "nonsense")] = "a test's source"
+    with pytest.raises(ConfigError, match=r"^a test's source: unknown field$"):
+        settings_from(source)
 
 
 def _refused(cli: Cli, *argv: str, **environment: str) -> str:
@@ -351,7 +350,7 @@ def test_the_check_refuses_what_cannot_run(
     assert expected in message
     # A reload reads the file the same way, and refuses it only on a ConfigError.
     with pytest.raises(ConfigError, match=re.escape(expected)):
-        load(read_flags({"config_file": str(path)}), read_environment())
+        load({"config_file": str(path)})
 
 
 def test_a_file_too_big_is_refused_before_it_is_parsed(tmp_path: Path, cli: Cli) -> None:
@@ -381,7 +380,7 @@ def test_anchors_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
         f"targets:\n  - {{name: a, dsn: '{DSN}', collection: *fast}}\n"
         f"  - {{name: b, dsn: '{DSN}', collection: {{<<: *fast, min_interval: 1s}}}}\n",
     )
-    config = load(read_flags({"config_file": str(path)}), read_environment())
+    config = load({"config_file": str(path)})
     a, b = (t.collection for t in config.targets)
     assert (a.statement_timeout, a.min_interval, b.min_interval) == (0.001, 3600, 1)
 
@@ -453,9 +452,7 @@ def test_the_runtime_gets_every_setting_resolved(tmp_path: Path) -> None:
         "catalog: false\nlocks_page: {query_text: true}\ncollection: {min_interval: 1m}\n"
         f"targets:\n  - {{name: a, dsn: '{DSN}', locks_page: {{reuse_for: 1s}}}}\n",
     )
-    (target,) = load(
-        read_flags({"config_file": str(path), "statement_timeout": "2s"}), read_environment()
-    ).targets
+    (target,) = load({"config_file": str(path), "statement_timeout": "2s"}).targets
     assert (target.collection.min_interval, target.collection.statement_timeout) == (60, 2)
     assert target.catalog is False
     assert (target.locks_page.query_text, target.locks_page.reuse_for) == (True, 1)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.settings import Config, load, read_environment, read_flags
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.settings import Config
 from pg_advisory_exporter.fleet.discovery import (
     AllowList,
     Refused,
@@ -150,7 +151,7 @@ def test_a_bad_allow_list_entry_is_refused(entry: str) -> None:
 def _load(tmp_path: Path, content: dict[str, object]) -> Config:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(content))
-    return load(read_flags({"config_file": str(path)}), read_environment())
+    return load({"config_file": str(path)})
 
 
 def test_a_module_without_allowed_targets_is_a_located_error(tmp_path: Path) -> None:

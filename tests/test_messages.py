@@ -17,12 +17,9 @@ from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.collect.snapshot import read_snapshot
-from pg_advisory_exporter.config.settings import (
-    WebConfig,
-    load,
-    read_environment,
-    read_flags,
-)
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.model import WebConfig
+from pg_advisory_exporter.config.sources import read_flags
 from pg_advisory_exporter.schema import ConfigError
 
 
@@ -79,7 +76,7 @@ def test_the_demo_prints_a_check_command_that_works_as_printed(tmp_path: Path) -
     path = tmp_path / "exporter.yaml"
     path.write_text(config_file_text(config))
     # The command reads the same targets as the demo's exporter: its keys and rewrites.
-    loaded = load(read_flags({"config_file": str(path)}), read_environment())
+    loaded = load({"config_file": str(path)})
     assert loaded.targets == config.targets
     command = shlex.split(check_command(path))
     assert command[3:] == ["check", "--config.file", str(path)]

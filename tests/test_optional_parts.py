@@ -22,12 +22,8 @@ from pg_advisory_exporter.collect.poolers import Poolers
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import POOLER_WAIT
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.settings import (
-    DEFAULT_PARALLEL_COLLECTIONS,
-    ConfigFileSettings,
-    Overrides,
-    load,
-)
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.model import DEFAULT_PARALLEL_COLLECTIONS
 from pg_advisory_exporter.fleet import resolver
 from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.http.collector import AnswerTimer, target_samples
@@ -136,7 +132,7 @@ def _in_process(
     target makes a server of its own, whatever it names: a fleet of servers on the suite's."""
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"collection": QUICK, "targets": targets}))
-    config = load(Overrides(), Overrides(config=ConfigFileSettings(file=path)))
+    config = load({"config_file": str(path)})
     pool, watchdog = CollectionPool(config.max_parallel_collections), Watchdog()
     fleet = [Target(target, pool, watchdog) for target in config.targets]
     try:

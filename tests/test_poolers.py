@@ -31,7 +31,7 @@ from pg_advisory_exporter.collect.poolers import (
 )
 from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.series import server_samples
-from pg_advisory_exporter.config.settings import ConfigFileSettings, Overrides, load
+from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.fleet.resolver import IpAddress, Resolver
 from pg_advisory_exporter.metrics import Sample
 from pg_advisory_exporter.schema import ConfigError
@@ -44,7 +44,7 @@ def _load(tmp_path: Path, *poolers: dict[str, Any], **target: Any) -> Any:
     path = tmp_path / "config.yaml"
     document = {"targets": [{"name": "main", "dsn": DSN, "poolers": list(poolers), **target}]}
     path.write_text(yaml.safe_dump(document))
-    return load(Overrides(), Overrides(config=ConfigFileSettings(file=path)))
+    return load({"config_file": str(path)})
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from pg_advisory_exporter.config.settings import FileConfig
+from pg_advisory_exporter.config.model import FileConfig
 from pg_advisory_exporter.keys.registry import check_configs
 
 ROOT = Path(__file__).parent.parent

@@ -13,7 +13,8 @@ from pg_advisory_exporter.collect.connection import ServerIdentity
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import SAME_SERVER_RECHECK, Directory, Server, _ReadThrough
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.settings import CollectionSettings, TargetSettings
+from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.settings import TargetSettings
 
 STARTED = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 PRIMARY = ServerIdentity(STARTED, 7714447076430879015)

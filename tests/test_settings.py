@@ -12,15 +12,9 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings, CliSettingsSource, CliSubCommand, SettingsError
 
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.config.settings import (
-    SETTINGS,
-    CollectionSettings,
-    FileOnly,
-    Setting,
-    load,
-    read_environment,
-    read_flags,
-)
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.model import CollectionSettings, FileOnly
+from pg_advisory_exporter.config.sources import SETTINGS, Setting
 
 CONFIGURATION_DOC = Path(__file__).parent.parent / "docs" / "configuration.md"
 DSN = "postgresql://monitor@db.example:5432/postgres"
@@ -125,7 +119,7 @@ def test_flag_variable_and_file_key_set_the_same_thing(
         path.write_text(
             yaml.safe_dump({"collection": collection, "targets": [{"name": "a", "dsn": DSN}]})
         )
-        config = load(read_flags({"config_file": str(path), **flags}), read_environment())
+        config = load({"config_file": str(path), **flags})
         return getattr(config.targets[0].collection, name)
 
     by_file = loaded({}, {name: value})
@@ -175,9 +169,7 @@ def test_a_targets_own_file_only_settings_load_as_they_validate(tmp_path: Path) 
             }
         )
     )
-    collection = (
-        load(read_flags({"config_file": str(path)}), read_environment()).targets[0].collection
-    )
+    collection = load({"config_file": str(path)}).targets[0].collection
     assert [rule.rule().apply("web-x") for rule in collection.application_name_rewrites] == ["web"]
 
 

@@ -11,7 +11,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pg_advisory_exporter.config.settings import Config, load, read_environment, read_flags
+from pg_advisory_exporter.config.loader import load
+from pg_advisory_exporter.config.settings import Config
 from pg_advisory_exporter.daemon import Daemon
 from pg_advisory_exporter.fleet.sharding import Shard, jump_hash, ordinal_of, target_key
 from pg_advisory_exporter.schema import ConfigError
@@ -99,7 +100,7 @@ def _load(
     if shard is not None:
         document["shard"] = shard
     path.write_text(yaml.safe_dump(document))
-    return load(read_flags({"config_file": str(path), **flags}), read_environment()).shard
+    return load({"config_file": str(path), **flags}).shard
 
 
 def test_unsharded_by_default(tmp_path: Path) -> None:
@@ -174,7 +175,7 @@ def test_a_reload_reassigns_the_targets(tmp_path: Path) -> None:
 
     def reread() -> Config:
         flags = {"config_file": str(path), "web_listen_address": "127.0.0.1:0"}
-        return load(read_flags(flags), read_environment())
+        return load(flags)
 
     write({"total": 2, "index": 0})
     daemon = Daemon(reread(), reread)  # nothing connects before a scrape

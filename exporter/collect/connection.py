@@ -13,7 +13,8 @@ import psycopg
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.dsn import redact
-from pg_advisory_exporter.config.settings import CollectionSettings, TargetSettings
+from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.keys import catalog
 from pg_advisory_exporter.keys.catalog import CatalogEntry
 from pg_advisory_exporter.keys.registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Note, Registry

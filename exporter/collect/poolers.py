@@ -18,7 +18,7 @@ from psycopg.rows import dict_row
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.dsn import redact
-from pg_advisory_exporter.config.settings import CollectionSettings, PoolerConfig
+from pg_advisory_exporter.config.model import CollectionSettings, PoolerConfig
 from pg_advisory_exporter.fleet import resolver
 from pg_advisory_exporter.sharing import Patience, Shared, Turn
 

@@ -23,7 +23,8 @@ from pg_advisory_exporter.collect.connection import ServerConnection, Session
 from pg_advisory_exporter.collect.kept_connection import CannotCollect
 from pg_advisory_exporter.collect.poolers import PooledBackend, Poolers, PoolerView, owner
 from pg_advisory_exporter.collect.scheduling import Watchdog
-from pg_advisory_exporter.config.settings import LocksPageSettings, TargetSettings
+from pg_advisory_exporter.config.model import LocksPageSettings
+from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.sharing import Shared, Turn

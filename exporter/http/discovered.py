@@ -20,7 +20,8 @@ from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import Directory, Server
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.settings import AuthModuleSettings, DiscoveredTargetsSettings
+from pg_advisory_exporter.config.model import DiscoveredTargetsSettings
+from pg_advisory_exporter.config.settings import AuthModuleSettings
 from pg_advisory_exporter.fleet.discovery import (
     AllowList,
     Refused,
