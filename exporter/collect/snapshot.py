@@ -136,6 +136,8 @@ LEFT JOIN (backend_locks AS b JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b
        ON b.advisory_entries > 0 AND b.pid <> pg_catalog.pg_backend_pid()
 """
 
+# A lock's key columns as one bigint: keys.key.bigint_of_oids, in SQL (the registry's keys are
+# given packed by it).
 _PACKED_KEY = "(l.classid::bigint << 32) | l.objid::bigint"
 
 # Matching the key registry, which the built-in catalog puts on every target: every

@@ -269,7 +269,7 @@ def _entry(values: Sequence[Any], datname: str, registry: Registry) -> LockEntry
     named = registry.lookup(objsubid, classid, objid, datname)
     return LockEntry(
         database=database,
-        key=AdvisoryKey.from_packed(classid << 32 | objid, objsubid),
+        key=AdvisoryKey.from_oids(classid, objid, objsubid),
         mode=vocabulary.mode_word(mode),
         granted=granted,
         wait_start=None if wait_start is None else datetime.fromisoformat(wait_start),
