@@ -3,8 +3,10 @@ metrics, `check` and /locks (durations: test_durations.py)."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
 from ipaddress import ip_network
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,10 +14,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import IDLE, snapshot_of
 
+from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.poolers import PoolerView
 from pg_advisory_exporter.collect.series import server_samples
 from pg_advisory_exporter.collect.vocabulary import (
+    EXCLUSIVE,
+    EXCLUSIVE_LOCK,
     IDLE_STATES,
+    MODES,
+    SHARE,
+    SHARE_LOCK,
     certainly_session_level,
     format_age,
     mode_word,
@@ -44,7 +52,24 @@ def test_ages_are_rounded_for_people_and_unknown_where_hidden() -> None:
 
 
 def test_modes() -> None:
+    assert (EXCLUSIVE_LOCK, SHARE_LOCK, EXCLUSIVE, SHARE) == (
+        "ExclusiveLock", "ShareLock", "exclusive", "share",
+    )  # fmt: skip
+    assert MODES == {EXCLUSIVE_LOCK: EXCLUSIVE, SHARE_LOCK: SHARE}
     assert [mode_word(m) for m in ("ExclusiveLock", "ShareLock")] == ["exclusive", "share"]
+
+
+def test_lock_modes_are_spelled_in_the_vocabulary_only() -> None:
+    """Elsewhere the package names them (EXCLUSIVE_LOCK, SHARE...); SQL text may spell them."""
+    package = Path(vocabulary.__file__).resolve().parent.parent
+    spelled = {
+        f"{path.relative_to(package)}:{node.lineno} {node.value!r}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "vocabulary.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in (*MODES, *MODES.values())
+    }
+    assert not spelled
 
 
 @pytest.mark.parametrize(("state", "word"), STATES.items())

@@ -15,6 +15,7 @@ from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY
 from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 
 from .capacity import CapacitySettings
+from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK
 
 # The session's work_mem. The scan of pg_lock_status() keeps its rows in a tuplestore
 # (about 150 bytes a lock) that spills to a temporary file past work_mem: at the default
@@ -286,7 +287,7 @@ class BackendLocks:
     in_transaction: bool
     advisory_entries: int  # held and awaited, one per key and mode
     share_entries: int
-    awaited_mode: str | None  # "ExclusiveLock" or "ShareLock" while waiting
+    awaited_mode: str | None  # EXCLUSIVE_LOCK or SHARE_LOCK while waiting
     wait_seconds: float | None
     table_entries: int  # all lock types, fast-path locks excluded
     registered: tuple[KeyUse, ...] = ()
@@ -301,15 +302,22 @@ class BackendLocks:
 
     @property
     def held_share(self) -> int:
-        return self.share_entries - (self.awaited_mode == "ShareLock")
+        return self.share_entries - (self.awaited_mode == SHARE_LOCK)
 
     @property
     def held_exclusive(self) -> int:
-        return self.advisory_entries - self.share_entries - (self.awaited_mode == "ExclusiveLock")
+        return self.advisory_entries - self.share_entries - (self.awaited_mode == EXCLUSIVE_LOCK)
 
     @property
     def held(self) -> int:
         return self.held_share + self.held_exclusive
+
+
+def grant_read_all_stats(role: str) -> str:
+    """The statement that lets `role` see other sessions' state (without it,
+    can_read_all_stats is false), as the messages that ask for it write it."""
+    quoted = '"' + role.replace('"', '""') + '"'  # an identifier, as PostgreSQL quotes one
+    return f"GRANT pg_read_all_stats TO {quoted}"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ import re
 from pg_advisory_exporter.schema import format_duration
 
 # pg_locks.mode of an advisory lock (an advisory lock takes no other mode), and its word.
-MODES = {"ExclusiveLock": "exclusive", "ShareLock": "share"}
+EXCLUSIVE_LOCK, SHARE_LOCK = "ExclusiveLock", "ShareLock"
+MODES = {EXCLUSIVE_LOCK: "exclusive", SHARE_LOCK: "share"}
+EXCLUSIVE, SHARE = MODES[EXCLUSIVE_LOCK], MODES[SHARE_LOCK]
 
 # What privileges hide (without pg_read_all_stats): the state of a backend inside a
 # transaction, where it could be in any state, and the time it has been in it.

@@ -128,7 +128,7 @@ FORENSICS_WITH_QUERY_SQL = _FORENSICS_TEMPLATE.format(
 def conflicts(held: str, wanted: str) -> bool:
     """Whether two advisory lock modes conflict: exclusive with both, share only with
     exclusive (PostgreSQL's lock conflict table for ExclusiveLock and ShareLock)."""
-    return "exclusive" in (held, wanted)
+    return vocabulary.EXCLUSIVE in (held, wanted)
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class LockEntry:
 
     database: int  # the oid: with the key, what two backends must share to conflict
     key: AdvisoryKey
-    mode: str  # "exclusive" or "share"
+    mode: str  # the word of its mode: vocabulary.EXCLUSIVE or SHARE
     granted: bool
     wait_start: datetime | None = None  # awaited only; NULL for a moment after a wait begins
     wait_seconds: float | None = None  # awaited only
