@@ -53,7 +53,10 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 #   counts only when the awaited lock is advisory (awaited_mode is set).
 # - Only a backend inside a transaction holds a virtualxid lock, its own: a backend without
 #   one holds nothing but session-level locks. pg_locks shows this to any role, where
-#   pg_stat_activity hides other sessions' state without pg_read_all_stats.
+#   pg_stat_activity hides other sessions' state without pg_read_all_stats. The /locks read
+#   tells the same from its advisory rows' virtualtransaction ("n/0"), which this statement
+#   does not read (a text per lock row); tests/test_outside_transaction.py proves the two
+#   agree in every state a holder can be in.
 # - count(virtualxid) and min(waitstart) skip the NULLs most rows carry, which is cheaper
 #   than a FILTER on locktype.
 # - Table and advisory entries are every entry less the fast-path and the other entries:

@@ -28,8 +28,8 @@ def mode_word(mode: str) -> str:
 
 def certainly_session_level(outside_transaction: bool, state: str | None) -> bool:
     """Whether every advisory lock a backend holds is session-level: outside any transaction
-    (no virtual transaction of its own, "n/0"; or idle) it can hold no other kind. Inside
-    one, pg_locks cannot tell the two kinds apart."""
+    (no virtualxid lock of its own, its locks' virtual transaction "n/0"; or idle) it can hold
+    no other kind. Inside one, pg_locks cannot tell the two kinds apart."""
     return outside_transaction or state == "idle"
 
 

@@ -48,7 +48,9 @@ MAX_BACKENDS = 500
 #   the statement at 100,000 locks, measured with benchmarks.collection_cost).
 # - A backend waits for at most one lock, so lock_entries minus the awaited one is what it
 #   holds. Every row of one backend carries its current virtualtransaction ("n/0" outside a
-#   transaction, where all it holds is session-level).
+#   transaction, where all it holds is session-level): what the collection tells from the
+#   backend's own virtualxid lock, a row this read does not keep (they agree:
+#   tests/test_outside_transaction.py).
 # - The backend cap keeps waiters first, then the holders of contended keys, then those in
 #   their state the longest (an idle holder's age is the best age its locks have).
 # - oids are cast to bigint, which json_build_array writes as numbers (an oid as a string).
