@@ -1,8 +1,8 @@
 """The Helm chart's PrometheusRule template, and the parts of its values schema that other
-code defines (the thresholds, the catalog's names).
+code defines (the thresholds, the catalog's names, the text of a duration).
 
 `python -m devtools.rules_chart CHART` (run by `make generate`) writes
-templates/prometheusrule.yaml and the thresholds part of values.schema.json, so that the
+templates/prometheusrule.yaml and those parts of values.schema.json, so that the
 chart's rules follow from the same code as `pg-advisory-exporter rules` prints, and a
 threshold the command refuses is refused by `helm install` too.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import yaml
 
 from pg_advisory_exporter.alerting.rules import Thresholds, format_number, groups_of
 from pg_advisory_exporter.keys.catalog import MIGRATION_KEYS
-from pg_advisory_exporter.schema import PARSE_DURATION
+from pg_advisory_exporter.schema import DURATION_PATTERN, PARSE_DURATION
 
 
 class HelmValues:
@@ -119,8 +120,9 @@ def helm_template() -> str:
     return HELM_HEADER + indented + "{{- end }}\n"
 
 
-# What parse_duration takes as a string: seconds, or Prometheus-style parts.
-_DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?|([0-9]+(\.[0-9]+)?(ms|s|m|h|d))+)$"
+# A duration as text in the chart's values: what parse_duration takes (minLength: the pattern
+# alone would match "").
+DURATION_TEXT = {"type": "string", "minLength": 1, "pattern": DURATION_PATTERN}
 
 
 def thresholds_schema() -> dict[str, Any]:
@@ -135,7 +137,7 @@ def thresholds_schema() -> dict[str, Any]:
                 "default": prop["default"],
                 "anyOf": [
                     {"type": "number", "exclusiveMinimum": 0},
-                    {"type": "string", "pattern": _DURATION_PATTERN},
+                    dict(DURATION_TEXT),
                 ],
             }
         properties[name] = prop
@@ -154,6 +156,20 @@ def catalog_schema() -> dict[str, Any]:
     }
 
 
+def duration_texts(node: Any) -> Iterator[dict[str, Any]]:
+    """The text alternative of every duration in a values schema: a number (seconds) or text,
+    as the exporter's settings take them."""
+    if isinstance(node, dict):
+        for union in (node.get("oneOf"), node.get("anyOf")):
+            if union and {"number", "string"} <= {form.get("type") for form in union}:
+                yield from (form for form in union if form.get("type") == "string")
+        for value in node.values():
+            yield from duration_texts(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from duration_texts(value)
+
+
 def write(chart: Path) -> None:
     (chart / "templates" / "prometheusrule.yaml").write_text(helm_template())
     schema_path = chart / "values.schema.json"
@@ -162,6 +178,9 @@ def write(chart: Path) -> None:
     rule["thresholds"] = thresholds_schema()
     config = schema["properties"]["config"]["properties"]
     config["catalog"] = config["targets"]["items"]["properties"]["catalog"] = catalog_schema()
+    for text in duration_texts(schema):  # the configuration's, written by hand but for this
+        text.clear()
+        text.update(DURATION_TEXT)
     schema_path.write_text(json.dumps(schema, indent=2) + "\n")
 
 

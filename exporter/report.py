@@ -14,7 +14,7 @@ from .collect.capacity import lock_table_capacity
 from .collect.connection import Session
 from .collect.scheduling import Watchdog
 from .collect.series import key_groups
-from .collect.snapshot import ServerSnapshot, read_snapshot
+from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
 from .collect.vocabulary import format_age
 from .config.settings import Config, TargetSettings
 from .forensics.page import forensics_json
@@ -77,8 +77,8 @@ def _header(checked: Checked, out: TextIO) -> None:
         out.write("  Privileges: the role can read every session's state\n")
     else:
         out.write(
-            f"  Privileges: MISSING. Run {_grant(checked.role)}; until then states inside "
-            "transactions are unknown and idle ages cannot be read\n"
+            f"  Privileges: MISSING. Run {grant_read_all_stats(checked.role)}; until then states "
+            "inside transactions are unknown and idle ages cannot be read\n"
         )
     use = f"{snapshot.lock_table_entries:,} entries"
     if capacity is not None:
@@ -88,10 +88,6 @@ def _header(checked: Checked, out: TextIO) -> None:
         f"  Busiest backend: {snapshot.backend_table_entries_max:,} entries "
         f"(max_locks_per_transaction = {snapshot.capacity_settings.max_locks_per_transaction})\n"
     )
-
-
-def _grant(role: str) -> str:
-    return f'GRANT pg_read_all_stats TO "{role}"'
 
 
 def _waiters(forensics: Forensics, out: TextIO) -> None:
@@ -267,7 +263,7 @@ def report_json(checked: Checked) -> dict[str, Any]:
         "target": checked.name,
         "server_version": snapshot.server_version,
         "can_read_all_stats": snapshot.can_read_all_stats,
-        "grant": None if snapshot.can_read_all_stats else _grant(checked.role),
+        "grant": None if snapshot.can_read_all_stats else grant_read_all_stats(checked.role),
         "lock_table_entries": snapshot.lock_table_entries,
         "lock_table_capacity": lock_table_capacity(snapshot.capacity_settings),
         "backend_table_entries_max": snapshot.backend_table_entries_max,

@@ -181,6 +181,7 @@ def test_lints_clean_in_strict_mode(values: Values) -> None:
         ),
         ({"config": {"log": {"level": "verbose"}}}, "/config/log/level"),
         ({"config": {"collection": {"min_interval": "soon"}}}, "/config/collection/min_interval"),
+        ({"config": {"collection": {"min_interval": "5s1m"}}}, "/config/collection/min_interval"),
         # Helm holds numbers as float64: 2^53 + 1 would silently become 2^53.
         ({"config": {"keys": [{"name": "k", "key": 2**53 + 1}]}}, "/config/keys/0/key"),
         ({"config": {"web": {"listen_address": ":80"}}}, "'web' not allowed"),
@@ -259,6 +260,7 @@ def test_lints_clean_in_strict_mode(values: Values) -> None:
         "misspelt target field",
         "unknown log level",
         "not a duration",
+        "duration units out of order",
         "key beyond 2^53",
         "web is the chart's",
         "misspelt pdb field",

@@ -13,7 +13,14 @@ from helm_python.chart import Chart
 from helm_python.errors import HelmValuesError
 from support import Cli
 
-from devtools.rules_chart import catalog_schema, helm_template, thresholds_schema
+from devtools.rules_chart import (
+    DURATION_TEXT,
+    catalog_schema,
+    duration_texts,
+    helm_template,
+    thresholds_schema,
+)
+from pg_advisory_exporter.alerting.rules import Thresholds, rule_groups
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"
@@ -108,12 +115,32 @@ def test_the_thresholds_schema_is_fresh() -> None:
     config = schema["properties"]["config"]["properties"]
     for catalog in (config["catalog"], config["targets"]["items"]["properties"]["catalog"]):
         assert catalog == catalog_schema(), "values.schema.json is stale: run `make generate`"
+    texts = list(duration_texts(schema))
+    assert len(texts) > len(Thresholds.model_fields) // 2  # the configuration's and the rules'
+    assert all(text == DURATION_TEXT for text in texts), "stale: run `make generate`"
+
+
+@pytest.mark.parametrize(
+    "duration",
+    ["1w", "2w", "10d", "1y", "53w", "1y2w", "1d1h1m1s1ms", "1s500ms", "90", "1.5", 2.5, 1209600],
+)
+def test_the_chart_reads_and_writes_durations_as_the_command_does(duration: str | float) -> None:
+    thresholds = {"deadlocks_window": duration, "key_not_held_for": duration}
+    rule = _chart_rule({"prometheusRule": {"enabled": True, "thresholds": thresholds}})
+    assert rule["spec"] == rule_groups(Thresholds.model_validate(thresholds))
 
 
 @pytest.mark.parametrize(
     "thresholds",
-    [{"leaked_lock_aftr": "1h"}, {"leaked_lock_after": "soon"}, {"lock_table_critical": 2}],
-    ids=["misspelt", "not a duration", "out of range"],
+    [
+        {"leaked_lock_aftr": "1h"},
+        {"leaked_lock_after": "soon"},
+        {"leaked_lock_after": "5s1m"},
+        {"leaked_lock_after": "1.5h"},
+        {"leaked_lock_after": ""},
+        {"lock_table_critical": 2},
+    ],
+    ids=["misspelt", "not a duration", "units out of order", "fraction", "empty", "out of range"],
 )
 def test_a_threshold_the_command_refuses_fails_the_render(thresholds: dict[str, Any]) -> None:
     with pytest.raises(HelmValuesError, match="thresholds"):

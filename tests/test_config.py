@@ -19,7 +19,7 @@ from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.config.sources import Given, Settings, read_flags, settings_from
 from pg_advisory_exporter.logs import LogfmtFormatter
-from pg_advisory_exporter.schema import ConfigError, parse_duration
+from pg_advisory_exporter.schema import ConfigError
 from pg_advisory_exporter.yaml_file import MAX_FILE_BYTES
 
 DSN = "postgresql://monitor@db.example:5432/postgres"
@@ -202,14 +202,6 @@ def test_flags_override_environment_which_overrides_the_file(
     assert settings({}) == (20, 60, 7, "debug")
     # A target's own block is the most specific and still wins.
     assert settings({"min_interval": "30s", "log_level": "warning"}) == (30, 60, 7, "warn")
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("5s", 5), ("500ms", 0.5), ("1m30s", 90), ("2h", 7200), ("1.5", 1.5), (3, 3)],
-)
-def test_durations(text: str | int, seconds: float) -> None:
-    assert parse_duration(text) == seconds
 
 
 def test_the_real_command_exits_2_on_a_bad_configuration(tmp_path: Path, cli: Cli) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shlex
 import subprocess
@@ -16,7 +17,8 @@ from devtools.demo import check_command, config_file_text, demo_config
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.collect.snapshot import read_snapshot
+from pg_advisory_exporter.collect import snapshot
+from pg_advisory_exporter.collect.snapshot import grant_read_all_stats, read_snapshot
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.model import WebConfig
 from pg_advisory_exporter.config.sources import read_flags
@@ -28,6 +30,33 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
             monkeypatch.delenv(name)
+
+
+def test_the_grant_that_a_missing_privilege_asks_for_is_written_in_one_place() -> None:
+    package = Path(snapshot.__file__).resolve().parent.parent
+    written = {
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and "GRANT pg_read_all_stats" in str(node.value)
+    }
+    assert len(written) == 1, written
+    assert grant_read_all_stats("monitor") == 'GRANT pg_read_all_stats TO "monitor"'
+
+
+def test_the_grant_names_any_role_as_postgresql_reads_it(pg: EmbeddedPostgres) -> None:
+    role = 'Ops "monitor"'
+    assert grant_read_all_stats(role) == 'GRANT pg_read_all_stats TO "Ops ""monitor"""'
+    with pg.connect() as conn:
+        conn.execute('CREATE ROLE "Ops ""monitor"""')
+        try:
+            conn.execute(grant_read_all_stats(role).encode())  # composed text: as bytes
+            granted = conn.execute(
+                "SELECT pg_has_role(%s, 'pg_read_all_stats', 'USAGE')", (role,)
+            ).fetchone()
+            assert granted == (True,)
+        finally:
+            conn.execute('DROP ROLE "Ops ""monitor"""')
 
 
 def test_a_misspelt_scheme_is_named() -> None:

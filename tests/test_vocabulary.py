@@ -1,11 +1,12 @@
-"""One vocabulary: durations written as Prometheus writes them and read back, and a backend's
-state, lock modes, level and stranded locks named alike by the metrics, `check` and /locks."""
+"""One vocabulary: a backend's state, lock modes, level and stranded locks named alike by the
+metrics, `check` and /locks (durations: test_durations.py)."""
 
 from __future__ import annotations
 
-import re
+import ast
 from dataclasses import replace
 from ipaddress import ip_network
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,10 +14,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import IDLE, snapshot_of
 
+from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.poolers import PoolerView
 from pg_advisory_exporter.collect.series import server_samples
 from pg_advisory_exporter.collect.vocabulary import (
+    EXCLUSIVE,
+    EXCLUSIVE_LOCK,
     IDLE_STATES,
+    MODES,
+    SHARE,
+    SHARE_LOCK,
     certainly_session_level,
     format_age,
     mode_word,
@@ -26,10 +33,7 @@ from pg_advisory_exporter.forensics.read import backend_from_row
 from pg_advisory_exporter.keys.key import BIGINT_KEY
 from pg_advisory_exporter.keys.registry import NO_KEYS
 from pg_advisory_exporter.metrics import Sample
-from pg_advisory_exporter.schema import format_duration, parse_duration
 
-# Prometheus' model.ParseDuration, without the years and weeks it never writes for these.
-PROMETHEUS_DURATION = re.compile(r"(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?")
 # pg_stat_activity.state, and the `state` label the README publishes for each.
 STATES = {
     "active": "active",
@@ -39,37 +43,6 @@ STATES = {
     "fastpath function call": "fastpath_function_call",
     "disabled": "disabled",
 }
-MILLISECONDS = st.integers(min_value=0, max_value=10**12)
-
-
-def _read(text: str) -> float:
-    seconds = parse_duration(text)
-    assert isinstance(seconds, float)
-    return seconds
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [(900, "15m"), (90, "1m30s"), (0.5, "500ms"), (0, "0s"), (86400 + 61, "1d1m1s"),
-     (3725.4, "1h2m5s400ms"), (0.0004, "0s"), (0.0015, "2ms")],
-)  # fmt: skip
-def test_durations_are_written_as_prometheus_writes_them(seconds: float, text: str) -> None:
-    assert format_duration(seconds) == text
-
-
-@given(MILLISECONDS)
-def test_a_written_duration_reads_back(milliseconds: int) -> None:
-    text = format_duration(milliseconds / 1000)
-    assert PROMETHEUS_DURATION.fullmatch(text)
-    assert text != ""
-    assert round(_read(text) * 1000) == milliseconds
-
-
-@given(MILLISECONDS, st.sampled_from([1, 100, 1000, 60_000]))
-def test_a_rounded_duration_is_a_multiple_of_its_resolution(milliseconds: int, step: int) -> None:
-    written = round(_read(format_duration(milliseconds / 1000, step / 1000)) * 1000)
-    assert written % step == 0
-    assert abs(written - milliseconds) <= step / 2
 
 
 def test_ages_are_rounded_for_people_and_unknown_where_hidden() -> None:
@@ -79,7 +52,24 @@ def test_ages_are_rounded_for_people_and_unknown_where_hidden() -> None:
 
 
 def test_modes() -> None:
+    assert (EXCLUSIVE_LOCK, SHARE_LOCK, EXCLUSIVE, SHARE) == (
+        "ExclusiveLock", "ShareLock", "exclusive", "share",
+    )  # fmt: skip
+    assert MODES == {EXCLUSIVE_LOCK: EXCLUSIVE, SHARE_LOCK: SHARE}
     assert [mode_word(m) for m in ("ExclusiveLock", "ShareLock")] == ["exclusive", "share"]
+
+
+def test_lock_modes_are_spelled_in_the_vocabulary_only() -> None:
+    """Elsewhere the package names them (EXCLUSIVE_LOCK, SHARE...); SQL text may spell them."""
+    package = Path(vocabulary.__file__).resolve().parent.parent
+    spelled = {
+        f"{path.relative_to(package)}:{node.lineno} {node.value!r}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "vocabulary.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in (*MODES, *MODES.values())
+    }
+    assert not spelled
 
 
 @pytest.mark.parametrize(("state", "word"), STATES.items())

@@ -13,7 +13,15 @@ from pg_advisory_exporter.metrics import Sample
 from .capacity import lock_table_capacity
 from .poolers import PoolerView, owner
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot
-from .vocabulary import IDLE_STATES, certainly_session_level, mode_word, state_word, stranded
+from .vocabulary import (
+    EXCLUSIVE,
+    IDLE_STATES,
+    SHARE,
+    certainly_session_level,
+    mode_word,
+    state_word,
+    stranded,
+)
 
 
 def target_series(
@@ -68,9 +76,9 @@ class _Group:
     def add(self, backend: BackendLocks, long_lived: bool) -> None:
         exclusive, share = backend.held_exclusive, backend.held_share
         if exclusive:
-            self.locks["exclusive", "true"] += exclusive
+            self.locks[EXCLUSIVE, "true"] += exclusive
         if share:
-            self.locks["share", "true"] += share
+            self.locks[SHARE, "true"] += share
         if backend.awaited_mode is not None:
             self.locks[mode_word(backend.awaited_mode), "false"] += 1
             self.waiters += 1

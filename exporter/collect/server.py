@@ -21,7 +21,7 @@ from .connection import ServerConnection, ServerIdentity
 from .kept_connection import CannotCollect
 from .poolers import Poolers, PoolerView
 from .scheduling import CollectionPool, Priority, Task, Watchdog
-from .snapshot import ServerSnapshot, read_snapshot
+from .snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
 
 log = logs.named("target")
 
@@ -448,7 +448,7 @@ class Server:
             log.warning(
                 "the monitoring role cannot see other sessions' state: states are reported "
                 "as unknown and idle holders' ages are missing; fix with "
-                f'GRANT pg_read_all_stats TO "{role}"',
+                + grant_read_all_stats(role),
                 extra={"target": self.name, "role": role},
             )
 

@@ -15,6 +15,7 @@ from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY
 from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 
 from .capacity import CapacitySettings
+from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK
 
 # The session's work_mem. The scan of pg_lock_status() keeps its rows in a tuplestore
 # (about 150 bytes a lock) that spills to a temporary file past work_mem: at the default
@@ -52,7 +53,10 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 #   counts only when the awaited lock is advisory (awaited_mode is set).
 # - Only a backend inside a transaction holds a virtualxid lock, its own: a backend without
 #   one holds nothing but session-level locks. pg_locks shows this to any role, where
-#   pg_stat_activity hides other sessions' state without pg_read_all_stats.
+#   pg_stat_activity hides other sessions' state without pg_read_all_stats. The /locks read
+#   tells the same from its advisory rows' virtualtransaction ("n/0"), which this statement
+#   does not read (a text per lock row); tests/test_outside_transaction.py proves the two
+#   agree in every state a holder can be in.
 # - count(virtualxid) and min(waitstart) skip the NULLs most rows carry, which is cheaper
 #   than a FILTER on locktype.
 # - Table and advisory entries are every entry less the fast-path and the other entries:
@@ -136,6 +140,8 @@ LEFT JOIN (backend_locks AS b JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b
        ON b.advisory_entries > 0 AND b.pid <> pg_catalog.pg_backend_pid()
 """
 
+# A lock's key columns as one bigint: keys.key.bigint_of_oids, in SQL (the registry's keys are
+# given packed by it).
 _PACKED_KEY = "(l.classid::bigint << 32) | l.objid::bigint"
 
 # Matching the key registry, which the built-in catalog puts on every target: every
@@ -281,7 +287,7 @@ class BackendLocks:
     in_transaction: bool
     advisory_entries: int  # held and awaited, one per key and mode
     share_entries: int
-    awaited_mode: str | None  # "ExclusiveLock" or "ShareLock" while waiting
+    awaited_mode: str | None  # EXCLUSIVE_LOCK or SHARE_LOCK while waiting
     wait_seconds: float | None
     table_entries: int  # all lock types, fast-path locks excluded
     registered: tuple[KeyUse, ...] = ()
@@ -296,15 +302,22 @@ class BackendLocks:
 
     @property
     def held_share(self) -> int:
-        return self.share_entries - (self.awaited_mode == "ShareLock")
+        return self.share_entries - (self.awaited_mode == SHARE_LOCK)
 
     @property
     def held_exclusive(self) -> int:
-        return self.advisory_entries - self.share_entries - (self.awaited_mode == "ExclusiveLock")
+        return self.advisory_entries - self.share_entries - (self.awaited_mode == EXCLUSIVE_LOCK)
 
     @property
     def held(self) -> int:
         return self.held_share + self.held_exclusive
+
+
+def grant_read_all_stats(role: str) -> str:
+    """The statement that lets `role` see other sessions' state (without it,
+    can_read_all_stats is false), as the messages that ask for it write it."""
+    quoted = '"' + role.replace('"', '""') + '"'  # an identifier, as PostgreSQL quotes one
+    return f"GRANT pg_read_all_stats TO {quoted}"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ import re
 from pg_advisory_exporter.schema import format_duration
 
 # pg_locks.mode of an advisory lock (an advisory lock takes no other mode), and its word.
-MODES = {"ExclusiveLock": "exclusive", "ShareLock": "share"}
+EXCLUSIVE_LOCK, SHARE_LOCK = "ExclusiveLock", "ShareLock"
+MODES = {EXCLUSIVE_LOCK: "exclusive", SHARE_LOCK: "share"}
+EXCLUSIVE, SHARE = MODES[EXCLUSIVE_LOCK], MODES[SHARE_LOCK]
 
 # What privileges hide (without pg_read_all_stats): the state of a backend inside a
 # transaction, where it could be in any state, and the time it has been in it.
@@ -26,8 +28,8 @@ def mode_word(mode: str) -> str:
 
 def certainly_session_level(outside_transaction: bool, state: str | None) -> bool:
     """Whether every advisory lock a backend holds is session-level: outside any transaction
-    (no virtual transaction of its own, "n/0"; or idle) it can hold no other kind. Inside
-    one, pg_locks cannot tell the two kinds apart."""
+    (no virtualxid lock of its own, its locks' virtual transaction "n/0"; or idle) it can hold
+    no other kind. Inside one, pg_locks cannot tell the two kinds apart."""
     return outside_transaction or state == "idle"
 
 

@@ -52,7 +52,9 @@ MAX_BACKENDS = 500
 #   the statement at 100,000 locks, measured with benchmarks.collection_cost).
 # - A backend waits for at most one lock, so lock_entries minus the awaited one is what it
 #   holds. Every row of one backend carries its current virtualtransaction ("n/0" outside a
-#   transaction, where all it holds is session-level).
+#   transaction, where all it holds is session-level): what the collection tells from the
+#   backend's own virtualxid lock, a row this read does not keep (they agree:
+#   tests/test_outside_transaction.py).
 # - The backend cap keeps waiters first, then the holders of contended keys, then those in
 #   their state the longest (an idle holder's age is the best age its locks have).
 # - oids are cast to bigint, which json_build_array writes as numbers (an oid as a string).
@@ -132,7 +134,7 @@ FORENSICS_WITH_QUERY_SQL = _FORENSICS_TEMPLATE.format(
 def conflicts(held: str, wanted: str) -> bool:
     """Whether two advisory lock modes conflict: exclusive with both, share only with
     exclusive (PostgreSQL's lock conflict table for ExclusiveLock and ShareLock)."""
-    return "exclusive" in (held, wanted)
+    return vocabulary.EXCLUSIVE in (held, wanted)
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class LockEntry:
 
     database: int  # the oid: with the key, what two backends must share to conflict
     key: AdvisoryKey
-    mode: str  # "exclusive" or "share"
+    mode: str  # the word of its mode: vocabulary.EXCLUSIVE or SHARE
     granted: bool
     wait_start: datetime | None = None  # awaited only; NULL for a moment after a wait begins
     wait_seconds: float | None = None  # awaited only
@@ -273,7 +275,7 @@ def _entry(values: Sequence[Any], datname: str, registry: Registry) -> LockEntry
     named = registry.lookup(objsubid, classid, objid, datname)
     return LockEntry(
         database=database,
-        key=AdvisoryKey.from_packed(classid << 32 | objid, objsubid),
+        key=AdvisoryKey.from_oids(classid, objid, objsubid),
         mode=vocabulary.mode_word(mode),
         granted=granted,
         wait_start=None if wait_start is None else datetime.fromisoformat(wait_start),

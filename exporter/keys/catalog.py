@@ -17,9 +17,8 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
+from .key import signed, unsigned
 from .registry import KeyConfig
-
-_UINT32 = 0xFFFFFFFF
 
 
 def crc32(text: str) -> int:
@@ -32,7 +31,7 @@ def golang_migrate_key(name: str, *additional: str) -> int:
     """golang-migrate's GenerateAdvisoryLockId: CRC-32 of the names joined with NUL (the
     additional names first), times the salt 1486364155, in uint32 arithmetic."""
     joined = "\x00".join([*additional, name])
-    return (crc32(joined) * 1486364155) & _UINT32
+    return unsigned(crc32(joined) * 1486364155, 32)
 
 
 def java_string_hash(text: str) -> int:
@@ -40,15 +39,15 @@ def java_string_hash(text: str) -> int:
     data = text.encode("utf-16-be")
     value = 0
     for i in range(0, len(data), 2):
-        value = (31 * value + int.from_bytes(data[i : i + 2], "big")) & _UINT32
-    return value - (1 << 32) if value >= 1 << 31 else value
+        value = unsigned(31 * value + int.from_bytes(data[i : i + 2], "big"), 32)
+    return signed(value, 32)
 
 
 def fnv1_32(text: str) -> int:
     """32-bit FNV-1 (multiply, then xor: Go's hash/fnv New32, not New32a)."""
     value = 0x811C9DC5
     for byte in text.encode():
-        value = ((value * 0x01000193) & _UINT32) ^ byte
+        value = unsigned(value * 0x01000193, 32) ^ byte
     return value
 
 

@@ -12,10 +12,22 @@ from pydantic import Field, model_validator
 
 from pg_advisory_exporter.schema import Duration, Strict
 
-from .key import BIGINT_KEY, INT_PAIR_KEY
+from .key import (
+    BIGINT_KEY,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    INT_PAIR_KEY,
+    bigint_of_oids,
+    oid,
+    oids_of_bigint,
+    oids_of_pair,
+    signed,
+)
 
-Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 # hashtextextended() is internal to PostgreSQL and has changed between major versions, so
 # the exporter asks the server for it (after every connect) rather than computing it.
@@ -70,8 +82,7 @@ class KeyConfig(Strict):
 
 def md5_key(text: str) -> int:
     """`('x' || left(md5(text), 16))::bit(64)::bigint`: documented functions, stable."""
-    value = int(hashlib.md5(text.encode()).hexdigest()[:16], 16)
-    return value - 2**64 if value >= 2**63 else value
+    return signed(int(hashlib.md5(text.encode()).hexdigest()[:16], 16), 64)
 
 
 @dataclass(frozen=True)
@@ -95,12 +106,8 @@ class RegisteredKey:
         return self.objid is None or other.objid is None or self.objid == other.objid
 
 
-def _unsigned(value: int) -> int:
-    return value & 0xFFFFFFFF
-
-
 def _bigint(config: KeyConfig, value: int) -> RegisteredKey:
-    return RegisteredKey(config, BIGINT_KEY, _unsigned(value >> 32), _unsigned(value))
+    return RegisteredKey(config, BIGINT_KEY, *oids_of_bigint(value))
 
 
 def _locally_resolved(config: KeyConfig) -> RegisteredKey | None:
@@ -108,9 +115,9 @@ def _locally_resolved(config: KeyConfig) -> RegisteredKey | None:
         return _bigint(config, config.key)
     if config.pair is not None:
         first, second = config.pair
-        return RegisteredKey(config, INT_PAIR_KEY, _unsigned(first), _unsigned(second))
+        return RegisteredKey(config, INT_PAIR_KEY, *oids_of_pair(first, second))
     if config.namespace is not None:
-        return RegisteredKey(config, INT_PAIR_KEY, _unsigned(config.namespace), None)
+        return RegisteredKey(config, INT_PAIR_KEY, oid(config.namespace), None)
     if config.hash == "md5":
         assert config.text is not None
         return _bigint(config, md5_key(config.text))
@@ -266,7 +273,7 @@ class Registry:
             if k.objid is None:
                 spaces.append((i, k.classid))
             else:
-                packed = (k.classid << 32 | k.objid) - ((k.classid >> 31) << 64)
+                packed = bigint_of_oids(k.classid, k.objid)
                 (bigint if k.objsubid == BIGINT_KEY else pairs).append((i, packed))
         return {
             "bigint_index": [i for i, _ in bigint],
