@@ -8,6 +8,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
+from support import Clock
+
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Priority, Task, Watchdog
 
 WAIT = 5.0  # seconds any test waits for a thread at most
@@ -125,13 +127,14 @@ def test_the_watchdog_calls_at_the_deadline_unless_disarmed() -> None:
 
 
 def test_a_hold_can_begin_later_and_the_workers_keep_it_themselves() -> None:
-    pool = CollectionPool(workers=1)
-    with pool.hold(start=time.monotonic() + 0.3):
+    clock = Clock()
+    pool = CollectionPool(workers=1, clock=clock)
+    with pool.hold(start=clock.now + 0.3):
         before = _submit(pool, lambda: "before", Priority.ROUTINE)
         assert before.future.result(timeout=WAIT) == "before"
-        time.sleep(0.4)  # nobody wakes at the hold's start: the worker checks it itself
+        clock.now += 0.3  # nobody wakes at the hold's start: the worker checks it itself
         after = _submit(pool, lambda: "after", Priority.ROUTINE)
-        time.sleep(0.1)
+        time.sleep(0.1)  # time for a worker to take it, were it free to
         assert not after.future.done()
     assert after.future.result(timeout=WAIT) == "after"
     pool.shutdown()

@@ -51,7 +51,10 @@ class CollectionPool:
     Workers start on demand and stay for the life of the pool.
     """
 
-    def __init__(self, workers: int, name: str = "collect") -> None:
+    def __init__(
+        self, workers: int, name: str = "collect", clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._clock = clock  # for holds (tests step it)
         self._max_workers = workers
         # Servers not known to answer may hang until their connect timeout: together they
         # leave a quarter of the workers to the healthy ones, and failing ones take half.
@@ -97,7 +100,7 @@ class CollectionPool:
         are idle when the scrape needs the interpreter. Urgent tasks still start.
         """
         with self._cond:
-            entry = start if start is not None else time.monotonic()
+            entry = start if start is not None else self._clock()
             self._holds.append(entry)
         try:
             yield
@@ -107,7 +110,7 @@ class CollectionPool:
                 self._cond.notify_all()
 
     def _held(self) -> bool:
-        now = time.monotonic()
+        now = self._clock()
         return any(start <= now for start in self._holds)
 
     def shutdown(self) -> None:
