@@ -74,7 +74,7 @@ def test_a_real_prometheus_probes_thirty_discovered_databases(
     exporter = start_exporter(
         config={
             "auth_modules": {"fleet": monitor_module(tmp_path, "127.0.0.1/32")},
-            "discovered_targets": {"idle_after": f"{idle_after}s"},
+            "discovered_targets": {"idle_after": f"{idle_after:g}s"},
         }
     )
     targets = [f"127.0.0.1:{pg.port}/{name}" for name in databases]
