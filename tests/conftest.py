@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import support
 import yaml
 from pgbouncer import PgBouncer
 from support import (
@@ -42,6 +43,7 @@ from support import (
     LintImports,
     OneTarget,
     RunningExporter,
+    RunProgram,
     Scrape,
     Session,
     SilentServer,
@@ -68,10 +70,11 @@ __all__ = ["RunningExporter", "Scrape", "SilentServer"]
 # fixture, is marked `pg`.
 SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Fixtures that run another program: the exporter's daemon or command, Prometheus,
-# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium.
+# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium, and any
+# command (run_program: pip, the demo's printed command...).
 PROGRAM_FIXTURES = frozenset(
     {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl",
-     "hadolint", "podman", "image", "chromium", "lint_imports"}
+     "hadolint", "podman", "image", "chromium", "lint_imports", "run_program"}
 )  # fmt: skip
 
 
@@ -227,6 +230,13 @@ def tls(tmp_path: Path) -> Tls:
 def cli() -> Cli:
     """The real command in a subprocess (`support.run_cli`)."""
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def run_program() -> RunProgram:
+    """Any other program in a subprocess (`support.run_program`); session-wide, for the
+    fixtures of every scope that build something with one."""
+    return support.run_program
 
 
 @pytest.fixture

@@ -201,6 +201,28 @@ def run_cli(
     )
 
 
+def run_program(
+    command: Sequence[str | Path],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Another program in a subprocess, its output captured as text, in this environment
+    (`env` replaces it). Tests take it through the `run_program` fixture, which puts them
+    in the integration tier: a unit test starts no process."""
+    return subprocess.run(
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+        cwd=cwd,
+        env=None if env is None else dict(env),
+    )
+
+
 def http_get(
     url: str,
     headers: Mapping[str, str] | None = None,
@@ -414,6 +436,20 @@ class LintImports(Protocol):
     found first on this path; its result."""
 
     def __call__(self, path: Path) -> subprocess.CompletedProcess[str]: ...
+
+
+class RunProgram(Protocol):
+    """The `run_program` fixture: `run_program`."""
+
+    def __call__(
+        self,
+        command: Sequence[str | Path],
+        *,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]: ...
 
 
 class Cli(Protocol):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from support import RunProgram
 
 from devtools.demo import check_command, config_file_text, demo_config
 from devtools.embedded_postgres import EmbeddedPostgres
@@ -73,7 +73,9 @@ def test_check_lists_only_the_flags_it_uses(
         assert flag in text
 
 
-def test_the_demo_prints_a_check_command_that_works_as_printed(tmp_path: Path) -> None:
+def test_the_demo_prints_a_check_command_that_works_as_printed(
+    tmp_path: Path, run_program: RunProgram
+) -> None:
     config = demo_config(WebConfig(), "host=127.0.0.1 port=1 user=postgres password=pw")
     path = tmp_path / "exporter.yaml"
     path.write_text(config_file_text(config))
@@ -84,15 +86,7 @@ def test_the_demo_prints_a_check_command_that_works_as_printed(tmp_path: Path) -
     assert command[3:] == ["check", "--config.file", str(path)]
     # Outside the virtualenv, from anywhere: nothing of it is looked up on PATH.
     validate = [*command[:3], "--config.check", *command[3:]]
-    result = subprocess.run(
-        validate,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    result = run_program(validate, timeout=60, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert "1 target(s): demo" in result.stdout
 

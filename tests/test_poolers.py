@@ -4,6 +4,7 @@ locks counted from a snapshot. tests/test_pgbouncer.py does the same with a real
 from __future__ import annotations
 
 import ipaddress
+import socket
 import threading
 import time
 from dataclasses import replace
@@ -196,7 +197,17 @@ def test_a_clean_pooler_says_zero_and_one_that_is_down_says_nothing() -> None:
     assert _stranded(server_samples("main", snapshot_of(IDLE), [], 100).samples) == {}
 
 
-def test_an_unresolvable_host_name_is_reported_not_raised(tmp_path: Path) -> None:
+def test_an_unresolvable_host_name_is_reported_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The resolver's answer for a name that does not exist, without asking a DNS server.
+    asked: list[object] = []
+
+    def unknown(host: object, *_: object, **__: object) -> Any:
+        asked.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
     config = _load(
         tmp_path, {"name": "pods", "addresses": ["no-such-host.invalid"], "pool_mode": "session"}
     ).targets[0]
@@ -208,6 +219,7 @@ def test_an_unresolvable_host_name_is_reported_not_raised(tmp_path: Path) -> Non
     assert view.error is not None
     assert "resolv" in view.error
     assert not view.up
+    assert asked == ["no-such-host.invalid"]
 
 
 # SHOW SERVERS rows as releases write them, by column name (tests/test_pgbouncer.py reads a

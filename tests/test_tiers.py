@@ -52,6 +52,7 @@ def _runs_taking(fixtures: set[str], marks: set[str]) -> list[str]:
         ({"pg"}, {"any_version"}, {"pg", "integration", "any_version"}),
         ({"start_exporter", "tmp_path"}, set(), {"integration"}),
         ({"cli"}, set(), {"integration"}),
+        ({"run_program", "tmp_path"}, set(), {"integration"}),  # any other program
         ({"tmp_path"}, set(), {"unit"}),
         (set(), set(), {"unit"}),
     ],
