@@ -97,8 +97,9 @@ typecheck: $(INSTALLED)
 	$(BIN)/mypy -p pg_advisory_exporter
 	$(BIN)/mypy
 
-# The fast tier: no PostgreSQL, no Prometheus tools, no subprocess of the exporter; on
-# every core (pytest-xdist), as its tests share nothing.
+# The fast tier: no PostgreSQL, no Prometheus tools, no process at all and no network but
+# its own loopback sockets (tests/conftest.py fails a unit test that tries); on every core
+# (pytest-xdist), as its tests share nothing.
 unit: $(INSTALLED) $(CRD_MODELS)
 	$(BIN)/pytest -m unit -n auto
 
