@@ -55,6 +55,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
 class Contention:
     holder: int  # pid
     waiter: int  # pid
+    before_the_wait: float  # time.monotonic() before the waiter asked for the lock
 
 
 @pytest.fixture
@@ -64,8 +65,9 @@ def contention(pg: EmbeddedPostgres, session: Session) -> Iterator[Contention]:
     holder.execute(f"SELECT pg_advisory_lock({KEY})")
     waiter = session("billing-waiter")
     waiter_pid = waiter.info.backend_pid
+    before_the_wait = time.monotonic()
     blocked = block_on(pg, waiter, WAITER_SQL)
-    yield Contention(holder.info.backend_pid, waiter_pid)
+    yield Contention(holder.info.backend_pid, waiter_pid, before_the_wait)
     holder.execute(f"SELECT pg_advisory_unlock({KEY})")  # the waiter gets it and returns
     blocked.join(timeout=10)
 
@@ -124,7 +126,9 @@ def test_holder_waiter_and_blocker_as_json(
     assert waiter["queued_behind"] == []
     assert waiter["awaits"]["key"] == str(KEY)
     assert waiter["awaits"]["key_name"] == "billing_batch"
-    assert waiter["awaits"]["wait_seconds"] >= 0
+    # The server's count of the wait, in seconds, within the test's own: not clamped to 0
+    # from a negative (now and wait_start swapped), nor in milliseconds.
+    assert 0 < waiter["awaits"]["wait_seconds"] <= time.monotonic() - contention.before_the_wait
     assert waiter["terminate"] == f"SELECT pg_terminate_backend({contention.waiter})"
 
     [contended] = page["contended_keys"]
