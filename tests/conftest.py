@@ -63,7 +63,6 @@ import psycopg
 import psycopg.generators
 import pytest
 import support
-import yaml
 from pgbouncer import PgBouncer
 from support import (
     MONITOR_PASSWORD,
@@ -85,6 +84,7 @@ from support import (
     cli_command,
     run_cli,
     wait_until,
+    write_config,
 )
 
 from devtools.embedded_postgres import (
@@ -416,8 +416,7 @@ def start_exporter(tmp_path: Path) -> Iterator[StartExporter]:
         port = free_port()
         command = cli_command("--web.listen-address", f"{host}:{port}")
         if config is not None:
-            config_path = tmp_path / f"config-{port}.yaml"
-            config_path.write_text(yaml.safe_dump(config))
+            config_path = write_config(tmp_path, config, f"config-{port}.yaml")
             command += ["--config.file", str(config_path)]
         log_path = tmp_path / f"exporter-{port}.log"
         process = subprocess.Popen(
@@ -460,6 +459,15 @@ def tls(tmp_path: Path) -> Tls:
 def cli() -> Cli:
     """The real command in a subprocess (`support.run_cli`)."""
     return run_cli
+
+
+@pytest.fixture
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None of the variables the exporter reads (PG_ADVISORY_EXPORTER_*, DATA_SOURCE_NAME,
+    in any case) from the shell that runs the tests."""
+    for name in list(os.environ):
+        if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from containers import BASE_IMAGE, ROOT, Podman
-from support import Scrape, Session, http_get, wait_until
+from support import REFUSED_DSN, Scrape, Session, http_get, wait_until
 
 from devtools.embedded_postgres import free_port
 from pg_advisory_exporter import __version__
@@ -171,9 +171,8 @@ def test_version_and_a_bad_dsn_answer_as_the_binary_does(podman: Podman, image: 
 def test_the_default_address_answers_on_a_published_port(podman: Podman, image: str) -> None:
     # As users run it: podman's own network, the image's port published on the host.
     port = free_port()
-    refused = "host=127.0.0.1 port=1 user=monitor dbname=postgres"
     options = ("--publish", f"127.0.0.1:{port}:9846", *LOCKED_DOWN)
-    with podman.container(image, "--dsn", refused, options=options) as name:
+    with podman.container(image, "--dsn", REFUSED_DSN, options=options) as name:
         scrape = _scrape_until(podman, name, port, lambda _: True)
         # Its database is down, and the exporter says so rather than failing the scrape.
         assert [value for _, value in scrape.find("pg_advisory_up")] == [0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from support import RunProgram
+from support import REFUSED_DSN, RunProgram
 
 from devtools.demo import check_command, config_file_text, demo_config
 from devtools.embedded_postgres import EmbeddedPostgres
@@ -25,12 +24,8 @@ from pg_advisory_exporter.config.settings import (
 )
 from pg_advisory_exporter.schema import ConfigError
 
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
-            monkeypatch.delenv(name)
+# Neither the exporter's variables nor DATA_SOURCE_NAME of the shell that runs the tests.
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def test_a_misspelt_scheme_is_named() -> None:
@@ -76,7 +71,7 @@ def test_check_lists_only_the_flags_it_uses(
 def test_the_demo_prints_a_check_command_that_works_as_printed(
     tmp_path: Path, run_program: RunProgram
 ) -> None:
-    config = demo_config(WebConfig(), "host=127.0.0.1 port=1 user=postgres password=pw")
+    config = demo_config(WebConfig(), REFUSED_DSN)
     path = tmp_path / "exporter.yaml"
     path.write_text(config_file_text(config))
     # The command reads the same targets as the demo's exporter: its keys and rewrites.

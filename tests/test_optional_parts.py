@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fake_console import FLOAT8, INT4, TEXT, Column, FakeConsole
-from support import SilentServer, StartExporter
+from support import SilentServer, StartExporter, load_config
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect import poolers
@@ -25,9 +24,6 @@ from pg_advisory_exporter.collect.server import POOLER_WAIT
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.settings import (
     DEFAULT_PARALLEL_COLLECTIONS,
-    ConfigFileSettings,
-    Overrides,
-    load,
 )
 from pg_advisory_exporter.http.collector import AnswerTimer, target_samples
 from pg_advisory_exporter.metrics import Sample
@@ -133,9 +129,7 @@ def _in_process(
     """The exporter's targets, pool and watchdog in this process (so that a function of the
     exporter can be replaced), collected as a scrape collects them: `target_samples`. Each
     target makes a server of its own, whatever it names: a fleet of servers on the suite's."""
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"collection": QUICK, "targets": targets}))
-    config = load(Overrides(), Overrides(config=ConfigFileSettings(file=path)))
+    config = load_config(tmp_path, {"collection": QUICK, "targets": targets})
     pool, watchdog = CollectionPool(config.max_parallel_collections), Watchdog()
     fleet = [Target(target, pool, watchdog) for target in config.targets]
     try:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import RunProgram, StartExporter
+from support import REFUSED_DSN, RunProgram, StartExporter
 
 ROOT = Path(__file__).parent.parent
 # The development package (the demo, the throwaway server) and each of its modules, by the
@@ -100,9 +100,7 @@ def test_a_daemon_start_loads_no_development_code(
     start_exporter: StartExporter,
 ) -> None:
     # Python reports every module it imports; the daemon serves before the check runs.
-    exporter = start_exporter(
-        "--dsn", "host=127.0.0.1 port=1 user=x dbname=x", env={"PYTHONPROFILEIMPORTTIME": "1"}
-    )
+    exporter = start_exporter("--dsn", REFUSED_DSN, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert exporter.get("/")[0] == 200
     imported = {
         line.rsplit("|", 1)[-1].strip()

@@ -14,8 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml
-from support import IDLE, SilentServer, snapshot_of, wait_until
+from support import EXAMPLE_DSN, IDLE, SilentServer, load_config, snapshot_of, wait_until
 
 from pg_advisory_exporter.collect import poolers
 from pg_advisory_exporter.collect.poolers import (
@@ -32,19 +31,17 @@ from pg_advisory_exporter.collect.poolers import (
 )
 from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.series import server_samples
-from pg_advisory_exporter.config.settings import ConfigFileSettings, Overrides, load
 from pg_advisory_exporter.metrics import Sample
 from pg_advisory_exporter.schema import ConfigError
 
-DSN = "postgresql://monitor@db.example:5432/postgres"
 CONSOLE = "host=pgbouncer.example port=6432 dbname=pgbouncer user=stats"
 
 
 def _load(tmp_path: Path, *poolers: dict[str, Any], **target: Any) -> Any:
-    path = tmp_path / "config.yaml"
-    document = {"targets": [{"name": "main", "dsn": DSN, "poolers": list(poolers), **target}]}
-    path.write_text(yaml.safe_dump(document))
-    return load(Overrides(), Overrides(config=ConfigFileSettings(file=path)))
+    document = {
+        "targets": [{"name": "main", "dsn": EXAMPLE_DSN, "poolers": list(poolers), **target}]
+    }
+    return load_config(tmp_path, document)
 
 
 @pytest.mark.parametrize(
