@@ -191,14 +191,14 @@ def test_takes_the_program_through_a_fixture(run_program):
 
 
 def test_a_unit_test_that_starts_a_process_or_reaches_out_fails(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     planted = pytester.makepyfile(test_planted=PLANTED)
-    # The suite's hooks and fixtures; neither random order nor a timer of its own inside.
-    recorder = pytester.inline_run(
-        "-m", "unit", "-p", "no:randomly", "-p", "no:timeout", "-p", "no:cacheprovider",
-        plugins=[conftest],
-    )  # fmt: skip
+    # The suite's hooks and fixtures, and no installed plugin: neither a timer nor an order of
+    # their own inside, nor one that whatever an earlier test put on sys.path registers (the
+    # CRD models' cloudcoil, after tests/test_chart.py).
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    recorder = pytester.inline_run("-m", "unit", "-p", "no:cacheprovider", plugins=[conftest])
     reports = [r for r in recorder.getreports("pytest_runtest_logreport") if r.when != "teardown"]
     failed = {r.nodeid.split("::")[-1]: r.longreprtext for r in reports if r.failed}
     passed = {r.nodeid.split("::")[-1] for r in reports if r.when == "call" and r.passed}
