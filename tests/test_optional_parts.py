@@ -30,7 +30,8 @@ from pg_advisory_exporter.metrics import Sample
 
 # Version-independent (tests/conftest.py): what the exporter does with its poolers' answers
 # and with a registry read the server refuses.
-pytestmark = pytest.mark.any_version
+# load_config reads the environment as the command does: none from the shell that runs the tests.
+pytestmark = [pytest.mark.any_version, pytest.mark.usefixtures("clean_environment")]
 
 # A 4s deadline (connect 2s + statement 1s + 1s): the poolers' wait is POOLER_WAIT.
 QUICK = {"min_interval": "1ms", "reconnect_backoff_max": "1s",

@@ -35,6 +35,8 @@ from pg_advisory_exporter.metrics import Sample
 from pg_advisory_exporter.schema import ConfigError
 
 CONSOLE = "host=pgbouncer.example port=6432 dbname=pgbouncer user=stats"
+# load_config reads the environment as the command does: none from the shell that runs the tests.
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def _load(tmp_path: Path, *poolers: dict[str, Any], **target: Any) -> Any:
