@@ -97,10 +97,13 @@ typecheck: $(INSTALLED)
 	$(BIN)/mypy -p pg_advisory_exporter
 	$(BIN)/mypy
 
-# The fast tier: no PostgreSQL, no Prometheus tools, no subprocess of the exporter; on
-# every core (pytest-xdist), as its tests share nothing.
+# The fast tier: no PostgreSQL, no Prometheus tools, no process at all and no network but
+# its own loopback sockets (tests/conftest.py fails a unit test that tries); on every core
+# (pytest-xdist), as its tests share nothing, and in a random order across all its modules
+# (pytest-random-order, which prints its seed) to keep it so. `make test` keeps the file order.
+UNIT_ORDER ?= --random-order-bucket=global
 unit: $(INSTALLED) $(CRD_MODELS)
-	$(BIN)/pytest -m unit -n auto
+	$(BIN)/pytest -m unit -n auto $(UNIT_ORDER)
 
 bench: $(INSTALLED)
 	$(BIN)/python -m benchmarks.collection_cost

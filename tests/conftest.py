@@ -14,23 +14,55 @@ How a test is classified (`tiers` below; `make test` selects by these markers):
   formula, key matching, server-side hashing and privileges stay on every version.
 - `integration`: it uses a server or runs another program (PROGRAM_FIXTURES);
   `unit`: everything else, the `make unit` tier.
+
+What a `unit` test may not do (the unit tier's guard below fails it, saying what it did and
+where), so that `make unit` needs nothing but the virtualenv, and its outcome depends on
+nothing but the code:
+
+- start a process: subprocess (run, Popen, check_output...), os.system, os.popen, os.fork,
+  os.spawn*, os.posix_spawn, pty, multiprocessing (fork, spawn or forkserver). A test that
+  needs another program takes it through a fixture of PROGRAM_FIXTURES (`run_program` for
+  any command, `cli` for the exporter's), which makes it an integration test.
+- reach anything but what it made itself in this process: it may use socket pairs, and
+  connect (TCP, UDP or a Unix socket, through `socket` or through psycopg's libpq) only to
+  a loopback address or socket path that a socket of this process is bound to at that
+  moment: its own listener, or a port it holds bound without listening (where connections
+  are refused, as by a server that is down). Any other address, a loopback port it did not
+  bind included, could be another program or another machine.
+- resolve a host name other than `localhost` (a resolver may ask a DNS server): a test of
+  name resolution fakes `socket.getaddrinfo`.
+
+It watches a unit test's setup (the fixtures of every scope it sets up: hooks, not an
+autouse fixture, which would start after the module's and session's) and its call, in
+every thread; not the teardowns, where the run's last test closes the session's fixtures,
+whatever their tier. A violation that the code under test swallows still fails the test.
 """
 
 from __future__ import annotations
 
+import _posixsubprocess  # multiprocessing's spawn
+import contextlib
+import errno
+import functools
+import ipaddress
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import threading
+import traceback
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import psycopg.generators
 import pytest
-import yaml
+import support
 from pgbouncer import PgBouncer
 from support import (
     MONITOR_PASSWORD,
@@ -42,6 +74,7 @@ from support import (
     LintImports,
     OneTarget,
     RunningExporter,
+    RunProgram,
     Scrape,
     Session,
     SilentServer,
@@ -51,6 +84,7 @@ from support import (
     cli_command,
     run_cli,
     wait_until,
+    write_config,
 )
 
 from devtools.embedded_postgres import (
@@ -64,14 +98,18 @@ ROOT = Path(__file__).parent.parent
 # test_connections.py and test_packaging.py import these from here.
 __all__ = ["RunningExporter", "Scrape", "SilentServer"]
 
+# tests/test_tiers.py runs planted tests with pytest's own `pytester`.
+pytest_plugins = ["pytester"]
+
 # Fixtures that start a PostgreSQL server: a test that uses one, directly or through another
 # fixture, is marked `pg`.
 SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Fixtures that run another program: the exporter's daemon or command, Prometheus,
-# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium.
+# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium, and any
+# command (run_program: pip, the demo's printed command...).
 PROGRAM_FIXTURES = frozenset(
     {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl",
-     "hadolint", "podman", "image", "chromium", "lint_imports"}
+     "hadolint", "podman", "image", "chromium", "lint_imports", "run_program"}
 )  # fmt: skip
 
 
@@ -94,6 +132,201 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         carried = {mark.name for mark in item.iter_markers()}
         for name in sorted(tiers(getattr(item, "fixturenames", ()), carried) - carried):
             item.add_marker(name)
+
+
+# The unit tier's guard (the module's docstring says what it forbids). The wrappers are put in
+# place once, for the session, and do nothing unless a unit test is being set up or run; a
+# test that monkeypatches one of these functions gets the wrapper back when that is undone.
+
+
+class UnitTierViolation(OSError):
+    """What a guarded call raises in a unit test: an OSError, which the code under test
+    takes as the failure it would meet there; the test fails all the same, even where that
+    code swallows it (pytest_runtest_makereport below)."""
+
+
+@dataclass
+class _Watch:
+    """The unit test being set up or run, and what it did that its tier forbids."""
+
+    nodeid: str
+    violations: list[str] = field(default_factory=list)
+
+
+# The test being run, innermost last (tests/test_tiers.py runs planted tests in a session of
+# their own inside one of its tests); None while it is not a unit test.
+_WATCHING: list[_Watch | None] = [None]
+# The sockets of this process that were bound, while they live: what a unit test may reach.
+_BOUND: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+_PROCESS = (
+    "A unit test starts no process: take the program through a fixture of PROGRAM_FIXTURES "
+    "(run_program, cli...), which makes the test an integration test."
+)
+_NETWORK = (
+    "A unit test reaches only socket pairs and the sockets it binds itself on loopback (one "
+    "bound without listening refuses connections, as a server that is down), and resolves "
+    "no host name (fake socket.getaddrinfo)."
+)
+
+
+def _refuse(did: str, hint: str) -> None:
+    """Fail the unit test being watched for what it did, saying where; raise there."""
+    watch = _WATCHING[-1]
+    assert watch is not None
+    installed = {sys.prefix, sys.base_prefix, sys.exec_prefix}  # the libraries, the venv's too
+    ours = [
+        frame
+        for frame in traceback.extract_stack()
+        if frame.filename != __file__ and not frame.filename.startswith(("<", *installed))
+    ]
+    where = ""
+    if ours:
+        path = Path(ours[-1].filename)
+        where = (
+            f" at {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{ours[-1].lineno}"
+        )
+    message = f"{watch.nodeid} is a unit test (`make unit`) but {did}{where}. {hint}"
+    watch.violations.append(message)
+    raise UnitTierViolation(errno.EPERM, message)
+
+
+def _guard(owner: object, name: str, hint: str, check: Callable[..., str | None]) -> None:
+    """Wrap `owner.name`: in a unit test, a call that `check` describes (from its arguments;
+    None for a call allowed) fails the test."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if _WATCHING[-1] is not None and (did := check(*args, **kwargs)) is not None:
+            _refuse(did, hint)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, guarded)
+
+
+def _number(host: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address `host` spells (an IPv4-mapped one as IPv4), or None for a name."""
+    try:
+        address = ipaddress.ip_address(os.fsdecode(host).split("%", 1)[0])  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return address.ipv4_mapped
+    return address
+
+
+def _own(family: int, address: Any) -> bool:
+    """Whether `address` (as socket.connect takes it) is a socket of this process: on
+    loopback, the port of one bound (to loopback or every address), or a Unix path bound."""
+    names = []
+    for sock in list(_BOUND):
+        with contextlib.suppress(OSError):  # closed
+            names.append((sock.family, sock.getsockname()))
+    if family == socket.AF_UNIX:
+        return (family, address) in names or (family, os.fsencode(address)) in names
+    if family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    host, port = address[:2]
+    number = _number("127.0.0.1" if host == "localhost" else host)
+    return bool(number and number.is_loopback) and any(
+        bound_family != socket.AF_UNIX and name[1] == port for bound_family, name in names
+    )
+
+
+def _connects(sock: socket.socket, address: Any, *_: Any) -> str | None:
+    return None if _own(sock.family, address) else f"connected to {address!r}"
+
+
+def _sends(sock: socket.socket, *args: Any) -> str | None:
+    # sendto(data, address) or sendto(data, flags, address)
+    return None if _own(sock.family, args[-1]) else f"sent to {args[-1]!r}"
+
+
+def _resolves(host: object, *_: Any, **__: Any) -> str | None:
+    if host in (None, "", b"", "localhost", b"localhost") or _number(host):
+        return None  # asks no resolver
+    return f"resolved the host name {host!r}"
+
+
+def _libpq_connects(conninfo: str, *_: Any, **__: Any) -> str | None:
+    """Where libpq connects, in C, for one of psycopg's attempts (which resolved host names
+    already): `hostaddr`, `host`, or else a socket folder, the server on this machine."""
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    host = str(
+        params.get("hostaddr") or params.get("host") or os.environ.get("PGHOSTADDR")
+        or os.environ.get("PGHOST") or "/var/run/postgresql"
+    )  # fmt: skip
+    port = int(str(params.get("port") or os.environ.get("PGPORT") or 5432))
+    if host.startswith(("/", "@")):  # @: Linux's abstract namespace
+        address: Any = f"{host.replace('@', chr(0), 1)}/.s.PGSQL.{port}"
+        family = socket.AF_UNIX
+    else:
+        address, family = (host, port), socket.AF_INET6 if ":" in host else socket.AF_INET
+    return None if _own(family, address) else f"connected with psycopg to {address!r}"
+
+
+def _starts(what: str, command: int | None = None) -> Callable[..., str]:
+    """The check of a call that starts a process: `what`, with its positional argument
+    `command` (the command line) if any."""
+
+    def check(*args: Any, **_: Any) -> str:
+        shown = f": {args[command]!r}" if command is not None and len(args) > command else ""
+        return f"started a process ({what}{shown})"
+
+    return check
+
+
+def _install_the_unit_guard() -> None:
+    bind = socket.socket.bind
+
+    def recording_bind(sock: socket.socket, address: Any, /) -> None:
+        bind(sock, address)
+        _BOUND.add(sock)
+
+    socket.socket.bind = recording_bind  # type: ignore[method-assign,assignment]
+    # subprocess in all its forms (run, Popen, os.popen, asyncio's), multiprocessing's spawn
+    # and forkserver, and what forks or spawns directly (os.spawn*, pty and multiprocessing's
+    # fork through os.fork).
+    _guard(subprocess.Popen, "_execute_child", _PROCESS, _starts("subprocess", 1))
+    _guard(_posixsubprocess, "fork_exec", _PROCESS, _starts("multiprocessing", 0))
+    for name in ("fork", "forkpty"):
+        _guard(os, name, _PROCESS, _starts(f"os.{name}"))
+    for name in ("posix_spawn", "posix_spawnp"):
+        _guard(os, name, _PROCESS, _starts(f"os.{name}", 1))
+    _guard(os, "system", _PROCESS, _starts("os.system", 0))
+    for name in ("connect", "connect_ex"):
+        _guard(socket.socket, name, _NETWORK, _connects)
+    _guard(socket.socket, "sendto", _NETWORK, _sends)
+    for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex"):
+        _guard(socket, name, _NETWORK, _resolves)
+    _guard(psycopg.generators, "connect", _NETWORK, _libpq_connects)
+
+
+_install_the_unit_guard()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None]:
+    _WATCHING.append(_Watch(item.nodeid) if item.get_closest_marker("unit") else None)
+    return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _WATCHING.pop()  # teardowns are not watched: the run's last one closes every tier's
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    watch = _WATCHING[-1]
+    if call.when != "teardown" and watch is not None and watch.violations:
+        report.outcome = "failed"
+        report.longrepr = "\n\n".join(watch.violations)
+        watch.violations.clear()
+    return report
 
 
 def pytest_report_collectionfinish(items: list[pytest.Item]) -> list[str]:
@@ -183,8 +416,7 @@ def start_exporter(tmp_path: Path) -> Iterator[StartExporter]:
         port = free_port()
         command = cli_command("--web.listen-address", f"{host}:{port}")
         if config is not None:
-            config_path = tmp_path / f"config-{port}.yaml"
-            config_path.write_text(yaml.safe_dump(config))
+            config_path = write_config(tmp_path, config, f"config-{port}.yaml")
             command += ["--config.file", str(config_path)]
         log_path = tmp_path / f"exporter-{port}.log"
         process = subprocess.Popen(
@@ -227,6 +459,22 @@ def tls(tmp_path: Path) -> Tls:
 def cli() -> Cli:
     """The real command in a subprocess (`support.run_cli`)."""
     return run_cli
+
+
+@pytest.fixture
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None of the variables the exporter reads (PG_ADVISORY_EXPORTER_*, DATA_SOURCE_NAME,
+    in any case) from the shell that runs the tests."""
+    for name in list(os.environ):
+        if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def run_program() -> RunProgram:
+    """Any other program in a subprocess (`support.run_program`); session-wide, for the
+    fixtures of every scope that build something with one."""
+    return support.run_program
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """What the tests share besides fixtures: waiting for a condition, running the real command,
-scraping the exporter, and the types of the fixtures in conftest.py."""
+scraping the exporter, configuration files, the server's statement log, and the types of the
+fixtures in conftest.py."""
 
 from __future__ import annotations
 
@@ -29,12 +30,21 @@ from psycopg.rows import TupleRow
 
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.collect.capacity import CapacitySettings
+from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
 from pg_advisory_exporter.collect.snapshot import BackendLocks, ServerSnapshot
+from pg_advisory_exporter.config import loader, settings
 from pg_advisory_exporter.forensics.read import Backend, LockEntry
 
 PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
 MONITOR_PASSWORD = "monitor-s3cret-pw"
 PLAIN_PASSWORD = "plain-s3cret-pw"
+
+# A server that configurations name and nothing connects to: db.example never resolves.
+EXAMPLE_DSN = "postgresql://monitor@db.example:5432/postgres"
+# A server that is down: port 1 of loopback (tcpmux), which no machine of the suite serves,
+# refuses at once. For the exporter's daemon and command, whose tests are about something
+# else (HTTP, messages); a unit test reaches no port it did not bind (tests/conftest.py).
+REFUSED_DSN = "host=127.0.0.1 port=1 user=monitor dbname=postgres"
 
 # The key registry that docs/configuration.md documents: one entry of every form.
 REGISTRY: list[dict[str, Any]] = [
@@ -99,6 +109,25 @@ def monitor_module(tmp_path: Path, *allowed: str) -> dict[str, Any]:
     }
 
 
+def write_config(folder: Path, document: Config | str, name: str = "config.yaml") -> Path:
+    """A configuration file in `folder`: `document` as YAML, or a string as it is."""
+    path = folder / name
+    path.write_text(document if isinstance(document, str) else yaml.safe_dump(document))
+    return path
+
+
+def load_config_file(path: Path, **flags: object) -> settings.Config:
+    """The configuration the command reads from this file, with these flags (by argparse's
+    names of them) and the environment."""
+    return loader.load({"config_file": str(path), **flags})
+
+
+def load_config(folder: Path, document: Config | str, **flags: object) -> settings.Config:
+    """The configuration the command reads from `document` written in `folder` (write_config),
+    with these flags and the environment."""
+    return load_config_file(write_config(folder, document), **flags)
+
+
 class Clock:
     """A monotonic clock that moves only when a test says so."""
 
@@ -121,6 +150,49 @@ def databases_on(pg: EmbeddedPostgres, names: list[str]) -> Iterator[list[str]]:
         with pg.connect() as conn:
             for name in names:
                 conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+# What the server's statement log shows of each read (the suite's server logs every statement
+# of the role `monitor`): the collection's statement is the only one that reads pg_locks so,
+# and the /locks page's is the only one with this CTE.
+COLLECTION_READ = "FROM pg_catalog.pg_locks"
+FORENSICS_READ = "forensic_locks AS MATERIALIZED"
+
+
+class LoggedReads:
+    """Counts a statement in a server's log from the moment it is made: the reads that the
+    database really saw, whatever the exporter says of them."""
+
+    def __init__(self, server: EmbeddedPostgres, statement: str = COLLECTION_READ) -> None:
+        self._log = server.logfile
+        self._statement = statement
+        self._start = self._log.stat().st_size
+
+    def count(self) -> int:
+        with self._log.open("rb") as log:
+            log.seek(self._start)
+            return log.read().decode(errors="replace").count(self._statement)
+
+
+@dataclass(frozen=True)
+class ExporterSession:
+    """A backend of the exporter's, as pg_stat_activity shows it."""
+
+    pid: int
+    datname: str
+    client_port: int | None
+
+
+def exporter_sessions(server: EmbeddedPostgres) -> list[ExporterSession]:
+    """The backends of every exporter connected to the server (by the application name they
+    all give), in pid order."""
+    with server.connect() as conn:
+        rows = conn.execute(
+            "SELECT pid, datname, client_port FROM pg_stat_activity"
+            " WHERE application_name = %s ORDER BY pid",
+            (APPLICATION_NAME,),
+        ).fetchall()
+    return [ExporterSession(pid, datname, port) for pid, datname, port in rows]
 
 
 def wait_until(
@@ -198,6 +270,28 @@ def run_cli(
         timeout=timeout,
         check=check,
         env={**os.environ, **(env or {})},
+    )
+
+
+def run_program(
+    command: Sequence[str | Path],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Another program in a subprocess, its output captured as text, in this environment
+    (`env` replaces it). Tests take it through the `run_program` fixture, which puts them
+    in the integration tier: a unit test starts no process."""
+    return subprocess.run(
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+        cwd=cwd,
+        env=None if env is None else dict(env),
     )
 
 
@@ -414,6 +508,20 @@ class LintImports(Protocol):
     found first on this path; its result."""
 
     def __call__(self, path: Path) -> subprocess.CompletedProcess[str]: ...
+
+
+class RunProgram(Protocol):
+    """The `run_program` fixture: `run_program`."""
+
+    def __call__(
+        self,
+        command: Sequence[str | Path],
+        *,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]: ...
 
 
 class Cli(Protocol):

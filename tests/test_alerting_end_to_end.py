@@ -15,7 +15,15 @@ import psycopg
 import pytest
 import yaml
 from pgbouncer import SESSION_POOL, STATS_PASSWORD, PgBouncer
-from support import Cli, OneTarget, RunningExporter, StartExporter, StartService, wait_until
+from support import (
+    Cli,
+    OneTarget,
+    RunningExporter,
+    StartExporter,
+    StartService,
+    start_prometheus,
+    wait_until,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
 
@@ -111,13 +119,7 @@ def _prometheus_and_alertmanager(
             }
         ],
     }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config))
-    start_service(
-        "prometheus",
-        "--config.file=prometheus.yml",
-        "--storage.tsdb.path=prometheus-data",
-        ready_path="/-/ready",
-    )
+    start_prometheus(start_service, tmp_path, prometheus_config)
 
 
 @pytest.mark.slow

@@ -10,8 +10,17 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml
-from support import Cli, Config, OneTarget, RunningExporter, Scrape, Session, StartExporter
+from support import (
+    Cli,
+    Config,
+    LoggedReads,
+    OneTarget,
+    RunningExporter,
+    Scrape,
+    Session,
+    StartExporter,
+    write_config,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
@@ -138,8 +147,7 @@ def test_describe_gives_the_readme_table_its_columns() -> None:
 
 
 def _check_config(tmp_path: Path, data: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> str:
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = write_config(tmp_path, data)
     assert main(["--config.file", str(path), "--config.check"]) == 2
     return capsys.readouterr().err.replace(str(path), "FILE")
 
@@ -161,18 +169,16 @@ def test_unknown_entries_are_located_and_the_names_listed(
 
 
 def test_a_target_overrides_the_files_choice(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "catalog": ["sqitch", "airflow_migration"],
-                "targets": [
-                    {"name": "a", "dsn": "host=db"},
-                    {"name": "b", "dsn": "host=db", "catalog": False},
-                    {"name": "c", "dsn": "host=db", "catalog": True},
-                ],
-            }
-        )
+    path = write_config(
+        tmp_path,
+        {
+            "catalog": ["sqitch", "airflow_migration"],
+            "targets": [
+                {"name": "a", "dsn": "host=db"},
+                {"name": "b", "dsn": "host=db", "catalog": False},
+                {"name": "c", "dsn": "host=db", "catalog": True},
+            ],
+        },
     )
     targets = load({"config_file": str(path)}).targets
     chosen = [[e.name for e in catalog.selected(t.catalog)] for t in targets]
@@ -351,8 +357,7 @@ def test_every_entry_is_named_when_its_library_holds_it(
     none = exporters["none"].scrape_until(lambda s: bool(s.find("pg_advisory_up", target="none")))
     assert _catalog_keys(none, "none") == {}
 
-    path = tmp_path / "check.yaml"
-    path.write_text(yaml.safe_dump({"targets": [{"name": "main", "dsn": monitor_dsn}]}))
+    path = write_config(tmp_path, {"targets": [{"name": "main", "dsn": monitor_dsn}]}, "check.yaml")
     report = cli("check", "--config.file", str(path), check=True).stdout
     assert f"Well-known keys in use ({len(DEFAULTS)})" in report
     rows = {
@@ -364,16 +369,11 @@ def test_every_entry_is_named_when_its_library_holds_it(
     assert re.search(r"'rails-migration'.*\brails_migration\b", report)
 
 
-def _reads(pg: EmbeddedPostgres, statement: str) -> int:
-    return pg.logfile.read_text().count(statement)
-
-
 def test_a_new_database_is_named_at_the_next_collection_on_the_same_connection(
     pg: EmbeddedPostgres, exporter: RunningExporter
 ) -> None:
     assert exporter.scrape().value("pg_advisory_up", target="main") == 1
-    lists_before = _reads(pg, DATABASES_SQL)
-    collections_before = _reads(pg, "FROM pg_catalog.pg_locks")
+    lists, collections = LoggedReads(pg, DATABASES_SQL), LoggedReads(pg)
     name = f"shop_{uuid.uuid4().hex[:8]}"
     _database(pg, name)
     scrapes = 0
@@ -393,8 +393,8 @@ def test_a_new_database_is_named_at_the_next_collection_on_the_same_connection(
     # The collection that saw the database, then one more: the list of databases was read
     # once more, on the connection the exporter had, and pg_locks once per collection.
     assert scrapes == 2
-    assert _reads(pg, DATABASES_SQL) - lists_before == 1
-    assert _reads(pg, "FROM pg_catalog.pg_locks") - collections_before == scrapes
+    assert lists.count() == 1
+    assert collections.count() == scrapes
     assert exporter.log().count("msg=connected") == 1
 
 

@@ -333,7 +333,7 @@ def _as_the_api_server_checks(node: Any) -> Any:
     return node
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # read-only, and costly: once, whatever the order
 def crd_schemas() -> dict[str, Any]:
     """JSON schemas of ServiceMonitor, PodMonitor and PrometheusRule from their CRDs."""
     assert (CRD_MODELS_DIR / "cloudcoil").is_dir(), (

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 import typing
 from pathlib import Path
 
 import pytest
-import yaml
-from support import Cli, Config
+from support import EXAMPLE_DSN, REFUSED_DSN, Cli, Config, load_config_file, write_config
 
-from devtools.embedded_postgres import free_port
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.settings import TargetSettings
@@ -22,20 +19,8 @@ from pg_advisory_exporter.logs import LogfmtFormatter
 from pg_advisory_exporter.schema import ConfigError
 from pg_advisory_exporter.yaml_file import MAX_FILE_BYTES
 
-DSN = "postgresql://monitor@db.example:5432/postgres"
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
-            monkeypatch.delenv(name)
-
-
-def _write(tmp_path: Path, content: str | Config) -> Path:
-    path = tmp_path / "config.yaml"
-    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content))
-    return path
+# Neither the exporter's variables nor DATA_SOURCE_NAME of the shell that runs the tests.
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -46,22 +31,31 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ({"targets": [{"name": "a", "dsn": DSN, "dsnn": DSN}]}, "targets[0].dsnn: unknown field"),
+        (
+            {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "dsnn": EXAMPLE_DSN}]},
+            "targets[0].dsnn: unknown field",
+        ),
         ({"targets": [{"name": "a"}]}, "targets[0].dsn: required field is missing"),
         ({"targets": []}, "targets: "),
         (
-            {"collection": {"min_interval": "soon"}, "targets": [{"name": "a", "dsn": DSN}]},
+            {
+                "collection": {"min_interval": "soon"},
+                "targets": [{"name": "a", "dsn": EXAMPLE_DSN}],
+            },
             "collection.min_interval: 'soon' is not a duration",
         ),
         (
             {
                 "collection": {"application_name_limit": "many"},
-                "targets": [{"name": "a", "dsn": DSN}],
+                "targets": [{"name": "a", "dsn": EXAMPLE_DSN}],
             },
             "collection.application_name_limit: Input should be a valid integer",
         ),
         (
-            {"collection": {"application_name_limit": 0}, "targets": [{"name": "a", "dsn": DSN}]},
+            {
+                "collection": {"application_name_limit": 0},
+                "targets": [{"name": "a", "dsn": EXAMPLE_DSN}],
+            },
             "collection.application_name_limit: Input should be greater than or equal to 1",
         ),
         (
@@ -69,7 +63,7 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
                 "targets": [
                     {
                         "name": "a",
-                        "dsn": DSN,
+                        "dsn": EXAMPLE_DSN,
                         "collection": {
                             "application_name_rewrites": [{"pattern": "((", "replacement": "x"}]
                         },
@@ -79,12 +73,15 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
             "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
         ),
         (
-            {"targets": [{"name": "a", "dsn": DSN}, {"name": "a", "dsn": DSN}]},
+            {"targets": [{"name": "a", "dsn": EXAMPLE_DSN}, {"name": "a", "dsn": EXAMPLE_DSN}]},
             "target name 'a' is used twice",
         ),
-        ({"targets": [{"name": "no spaces", "dsn": DSN}]}, "targets[0].name: String should match"),
         (
-            {"web": {"listen_address": "9846"}, "targets": [{"name": "a", "dsn": DSN}]},
+            {"targets": [{"name": "no spaces", "dsn": EXAMPLE_DSN}]},
+            "targets[0].name: String should match",
+        ),
+        (
+            {"web": {"listen_address": "9846"}, "targets": [{"name": "a", "dsn": EXAMPLE_DSN}]},
             "web.listen_address: '9846' is not host:port",
         ),
         ("targets: [unclosed", "not valid YAML"),
@@ -94,7 +91,7 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 def test_file_errors_name_the_file_and_the_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | Config, expected: str
 ) -> None:
-    path = _write(tmp_path, content)
+    path = write_config(tmp_path, content)
     message = _error(capsys, "--config.file", str(path))
     assert f"{path}: " in message
     assert expected in message
@@ -103,7 +100,9 @@ def test_file_errors_name_the_file_and_the_path(
 def test_malformed_dsn_is_named_without_its_password(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _write(tmp_path, {"targets": [{"name": "a", "dsn": "postgresql://u:s3cr%zzet@[::1/db"}]})
+    path = write_config(
+        tmp_path, {"targets": [{"name": "a", "dsn": "postgresql://u:s3cr%zzet@[::1/db"}]}
+    )
     message = _error(capsys, "--config.file", str(path))
     assert "targets[0].dsn: malformed DSN" in message
     assert "s3cr" not in message
@@ -112,7 +111,9 @@ def test_malformed_dsn_is_named_without_its_password(
 def test_unreadable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.yaml"
     assert "cannot read the configuration file" in _error(capsys, "--config.file", str(missing))
-    path = _write(tmp_path, {"targets": [{"name": "a", "dsn": DSN, "password_file": str(missing)}]})
+    path = write_config(
+        tmp_path, {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "password_file": str(missing)}]}
+    )
     message = _error(capsys, "--config.file", str(path))
     assert f"targets[0]: cannot read password_file {missing}" in message
 
@@ -121,16 +122,18 @@ def test_password_in_both_places(tmp_path: Path, capsys: pytest.CaptureFixture[s
     secret = tmp_path / "secret"
     secret.write_text("pw")
     dsn = "host=db password=inline"
-    path = _write(tmp_path, {"targets": [{"name": "a", "dsn": dsn, "password_file": str(secret)}]})
+    path = write_config(
+        tmp_path, {"targets": [{"name": "a", "dsn": dsn, "password_file": str(secret)}]}
+    )
     message = _error(capsys, "--config.file", str(path))
     assert "either in the DSN or in password_file" in message
     assert "inline" not in message
 
 
 def test_flag_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    message = _error(capsys, "--dsn", DSN, "--collection.min-interval", "soon")
+    message = _error(capsys, "--dsn", EXAMPLE_DSN, "--collection.min-interval", "soon")
     assert "flag --collection.min-interval: 'soon' is not a duration" in message
-    message = _error(capsys, "--dsn", DSN, "--web.listen-address", "everywhere")
+    message = _error(capsys, "--dsn", EXAMPLE_DSN, "--web.listen-address", "everywhere")
     assert "flag --web.listen-address: 'everywhere' is not host:port" in message
     message = _error(capsys, "--dsn", "host=db password=hunter2 port")
     assert "flag --dsn: malformed DSN" in message
@@ -140,7 +143,7 @@ def test_flag_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
 def test_environment_errors_name_the_variable(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DATA_SOURCE_NAME", DSN)
+    monkeypatch.setenv("DATA_SOURCE_NAME", EXAMPLE_DSN)
     monkeypatch.setenv("PG_ADVISORY_EXPORTER_MIN_INTERVAL", "soon")
     message = _error(capsys)
     assert "environment variable PG_ADVISORY_EXPORTER_MIN_INTERVAL: 'soon' is not" in message
@@ -156,23 +159,26 @@ def test_nothing_to_watch(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_dsn_and_file_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _write(tmp_path, {"targets": [{"name": "a", "dsn": DSN}]})
+    path = write_config(tmp_path, {"targets": [{"name": "a", "dsn": EXAMPLE_DSN}]})
     assert "both a DSN and --config.file" in _error(
-        capsys, "--dsn", DSN, "--config.file", str(path)
+        capsys, "--dsn", EXAMPLE_DSN, "--config.file", str(path)
     )
 
 
 def test_valid_configuration_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _write(tmp_path, {"targets": [{"name": "a", "dsn": DSN}, {"name": "b", "dsn": DSN}]})
+    path = write_config(
+        tmp_path,
+        {"targets": [{"name": "a", "dsn": EXAMPLE_DSN}, {"name": "b", "dsn": EXAMPLE_DSN}]},
+    )
     assert main(["--config.file", str(path), "--config.check"]) == 0
     assert "2 target(s): a, b" in capsys.readouterr().out
 
 
 def test_dsn_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DATA_SOURCE_NAME", DSN)
+    monkeypatch.setenv("DATA_SOURCE_NAME", EXAMPLE_DSN)
     config = load({})
     assert [t.name for t in config.targets] == ["default"]
-    assert config.targets[0].dsn == DSN
+    assert config.targets[0].dsn == EXAMPLE_DSN
     monkeypatch.setenv("PG_ADVISORY_EXPORTER_DSN", "host=preferred")
     assert load({}).targets[0].dsn == "host=preferred"
 
@@ -180,20 +186,20 @@ def test_dsn_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_flags_override_environment_which_overrides_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = _write(
+    path = write_config(
         tmp_path,
         {
             "collection": {"min_interval": "10s", "statement_timeout": "7s"},
             "log": {"level": "debug"},
             "targets": [
-                {"name": "a", "dsn": DSN},
-                {"name": "b", "dsn": DSN, "collection": {"min_interval": "1m"}},
+                {"name": "a", "dsn": EXAMPLE_DSN},
+                {"name": "b", "dsn": EXAMPLE_DSN, "collection": {"min_interval": "1m"}},
             ],
         },
     )
 
     def settings(flags: dict[str, str]) -> tuple[float, float, float, str]:
-        config = load({"config_file": str(path), **flags})
+        config = load_config_file(path, **flags)
         a, b = (t.collection for t in config.targets)
         return a.min_interval, b.min_interval, a.statement_timeout, config.log.level
 
@@ -205,15 +211,14 @@ def test_flags_override_environment_which_overrides_the_file(
 
 
 def test_the_real_command_exits_2_on_a_bad_configuration(tmp_path: Path, cli: Cli) -> None:
-    path = _write(tmp_path, {"targets": [{"name": "a", "dsn": DSN, "extra": 1}]})
+    path = write_config(tmp_path, {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "extra": 1}]})
     result = cli("--config.file", str(path))
     assert result.returncode == 2
     assert f"{path}: targets[0].extra: unknown field" in result.stderr
 
 
 def test_check_exits_non_zero_when_it_cannot_connect(cli: Cli) -> None:
-    dsn = f"host=127.0.0.1 port={free_port()} user=x dbname=x connect_timeout=2"
-    result = cli("check", "--dsn", dsn)
+    result = cli("check", "--dsn", REFUSED_DSN)
     assert result.returncode == 1
     assert "cannot collect" in result.stdout
     assert "Connection refused" in result.stdout
@@ -245,7 +250,7 @@ def _refused(cli: Cli, *argv: str, **environment: str) -> str:
     return result.stderr
 
 
-ONE_TARGET = f"targets:\n  - name: a\n    dsn: {DSN}\n"
+ONE_TARGET = f"targets:\n  - name: a\n    dsn: {EXAMPLE_DSN}\n"
 
 
 @pytest.mark.parametrize(
@@ -336,13 +341,13 @@ ONE_TARGET = f"targets:\n  - name: a\n    dsn: {DSN}\n"
 def test_the_check_refuses_what_cannot_run(
     tmp_path: Path, content: str, expected: str, cli: Cli
 ) -> None:
-    path = _write(tmp_path, content)
+    path = write_config(tmp_path, content)
     message = _refused(cli, "--config.file", str(path))
     assert f"{path}: " in message
     assert expected in message
     # A reload reads the file the same way, and refuses it only on a ConfigError.
     with pytest.raises(ConfigError, match=re.escape(expected)):
-        load({"config_file": str(path)})
+        load_config_file(path)
 
 
 def test_a_file_too_big_is_refused_before_it_is_parsed(tmp_path: Path, cli: Cli) -> None:
@@ -366,30 +371,32 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path: Path, cli: Cli) -> None:
 
 
 def test_anchors_and_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
-    path = _write(
+    path = write_config(
         tmp_path,
         "collection: &fast {statement_timeout: 1ms, min_interval: 1h}\n"
-        f"targets:\n  - {{name: a, dsn: '{DSN}', collection: *fast}}\n"
-        f"  - {{name: b, dsn: '{DSN}', collection: {{<<: *fast, min_interval: 1s}}}}\n",
+        f"targets:\n  - {{name: a, dsn: '{EXAMPLE_DSN}', collection: *fast}}\n"
+        f"  - {{name: b, dsn: '{EXAMPLE_DSN}', collection: {{<<: *fast, min_interval: 1s}}}}\n",
     )
-    config = load({"config_file": str(path)})
+    config = load_config_file(path)
     a, b = (t.collection for t in config.targets)
     assert (a.statement_timeout, a.min_interval, b.min_interval) == (0.001, 3600, 1)
 
 
 def test_duration_bounds_apply_to_flags_and_variables(cli: Cli) -> None:
-    message = _refused(cli, "--dsn", DSN, "--collection.statement-timeout", "1h")
+    message = _refused(cli, "--dsn", EXAMPLE_DSN, "--collection.statement-timeout", "1h")
     assert "flag --collection.statement-timeout: must be at most 10m" in message
-    message = _refused(cli, "--dsn", DSN, "--collection.lock-timeout", "inf")
+    message = _refused(cli, "--dsn", EXAMPLE_DSN, "--collection.lock-timeout", "inf")
     assert "flag --collection.lock-timeout: inf is not a finite duration" in message
-    message = _refused(cli, PG_ADVISORY_EXPORTER_MIN_INTERVAL="30d", DATA_SOURCE_NAME=DSN)
+    message = _refused(cli, PG_ADVISORY_EXPORTER_MIN_INTERVAL="30d", DATA_SOURCE_NAME=EXAMPLE_DSN)
     assert "environment variable PG_ADVISORY_EXPORTER_MIN_INTERVAL: must be at most 1h" in message
-    message = _refused(cli, PG_ADVISORY_EXPORTER_LOCK_TIMEOUT="0.0001", DATA_SOURCE_NAME=DSN)
+    message = _refused(
+        cli, PG_ADVISORY_EXPORTER_LOCK_TIMEOUT="0.0001", DATA_SOURCE_NAME=EXAMPLE_DSN
+    )
     assert "environment variable PG_ADVISORY_EXPORTER_LOCK_TIMEOUT: must be at least 1ms" in message
 
 
 def test_telemetry_path_flag_cannot_hide_another_endpoint(cli: Cli) -> None:
-    message = _refused(cli, "--dsn", DSN, "--web.telemetry-path", "/health")
+    message = _refused(cli, "--dsn", EXAMPLE_DSN, "--web.telemetry-path", "/health")
     assert "flag --web.telemetry-path: '/health' is taken by another endpoint" in message
 
 
@@ -397,7 +404,7 @@ LEAKY_DSN = "host=db user=monitor password=Leak Part2xQ"
 
 
 def test_no_piece_of_a_password_in_a_malformed_dsn_message(tmp_path: Path, cli: Cli) -> None:
-    path = _write(tmp_path, {"targets": [{"name": "a", "dsn": LEAKY_DSN}]})
+    path = write_config(tmp_path, {"targets": [{"name": "a", "dsn": LEAKY_DSN}]})
     messages = {
         "flag --dsn": _refused(cli, "--dsn", LEAKY_DSN),
         "environment variable PG_ADVISORY_EXPORTER_DSN": _refused(
@@ -433,18 +440,20 @@ def test_a_lower_case_variable_is_named_as_it_is_set(cli: Cli) -> None:
     message = _refused(cli, data_source_name=LEAKY_DSN)
     assert "environment variable data_source_name: malformed DSN" in message
     assert "Part2xQ" not in message
-    message = _refused(cli, DATA_SOURCE_NAME=DSN, pg_advisory_exporter_statement_timeout="x")
+    message = _refused(
+        cli, DATA_SOURCE_NAME=EXAMPLE_DSN, pg_advisory_exporter_statement_timeout="x"
+    )
     assert "environment variable pg_advisory_exporter_statement_timeout: 'x' is not" in message
 
 
 def test_the_runtime_gets_every_setting_resolved(tmp_path: Path) -> None:
     # The file's model leaves out what its top level or the flags give; the runtime's has it.
-    path = _write(
+    path = write_config(
         tmp_path,
         "catalog: false\nlocks_page: {query_text: true}\ncollection: {min_interval: 1m}\n"
-        f"targets:\n  - {{name: a, dsn: '{DSN}', locks_page: {{reuse_for: 1s}}}}\n",
+        f"targets:\n  - {{name: a, dsn: '{EXAMPLE_DSN}', locks_page: {{reuse_for: 1s}}}}\n",
     )
-    (target,) = load({"config_file": str(path), "statement_timeout": "2s"}).targets
+    (target,) = load_config_file(path, statement_timeout="2s").targets
     assert (target.collection.min_interval, target.collection.statement_timeout) == (60, 2)
     assert target.catalog is False
     assert (target.locks_page.query_text, target.locks_page.reuse_for) == (True, 1)

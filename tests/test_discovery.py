@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from support import (
     StartExporter,
     StartService,
     databases_on,
+    exporter_sessions,
     monitor_module,
+    start_prometheus,
     wait_until,
 )
 
@@ -33,14 +36,9 @@ DATABASES = [f"d{i:02}" for i in range(1, 31)]
 KEPT = DATABASES[:10]
 
 
-def _connections(pg: EmbeddedPostgres) -> dict[str, int]:
+def _connections(pg: EmbeddedPostgres) -> Counter[str]:
     """The exporter's connections on the server, by database."""
-    with pg.connect() as conn:
-        rows = conn.execute(
-            "SELECT datname, count(*) FROM pg_stat_activity"
-            " WHERE application_name = 'pg-advisory-exporter' GROUP BY datname"
-        ).fetchall()
-    return dict(rows)
+    return Counter(session.datname for session in exporter_sessions(pg))
 
 
 @pytest.fixture
@@ -80,34 +78,28 @@ def test_a_real_prometheus_probes_thirty_discovered_databases(
     targets = [f"127.0.0.1:{pg.port}/{name}" for name in databases]
     targets_file = tmp_path / "databases.json"
     _write_targets(targets_file, targets)
-    (tmp_path / "prometheus.yml").write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-                "scrape_configs": [
-                    {
-                        "job_name": "pg-advisory-exporter",
-                        "metrics_path": "/probe",
-                        "params": {"auth_module": ["fleet"]},
-                        "file_sd_configs": [{"files": [str(targets_file)]}],
-                        "relabel_configs": [
-                            {"source_labels": ["__address__"], "target_label": "__param_target"},
-                            {"source_labels": ["__param_target"], "target_label": "instance"},
-                            {
-                                "target_label": "__address__",
-                                "replacement": f"127.0.0.1:{exporter.port}",
-                            },
-                        ],
-                    }
-                ],
-            }
-        )
-    )
-    prometheus = start_service(
-        "prometheus",
-        "--config.file=prometheus.yml",
-        "--storage.tsdb.path=prometheus-data",
-        ready_path="/-/ready",
+    prometheus = start_prometheus(
+        start_service,
+        tmp_path,
+        {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [
+                {
+                    "job_name": "pg-advisory-exporter",
+                    "metrics_path": "/probe",
+                    "params": {"auth_module": ["fleet"]},
+                    "file_sd_configs": [{"files": [str(targets_file)]}],
+                    "relabel_configs": [
+                        {"source_labels": ["__address__"], "target_label": "__param_target"},
+                        {"source_labels": ["__param_target"], "target_label": "instance"},
+                        {
+                            "target_label": "__address__",
+                            "replacement": f"127.0.0.1:{exporter.port}",
+                        },
+                    ],
+                }
+            ],
+        },
     )
     up: dict[str, float] = {}
 

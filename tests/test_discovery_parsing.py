@@ -9,14 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from support import load_config
 
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.loader import load
-from pg_advisory_exporter.config.settings import Config
 from pg_advisory_exporter.fleet.discovery import (
     AllowList,
     Refused,
@@ -148,15 +146,9 @@ def test_a_bad_allow_list_entry_is_refused(entry: str) -> None:
         parse_allowed(entry)
 
 
-def _load(tmp_path: Path, content: dict[str, object]) -> Config:
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(content))
-    return load({"config_file": str(path)})
-
-
 def test_a_module_without_allowed_targets_is_a_located_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as error:
-        _load(tmp_path, {"auth_modules": {"fleet": {"user": "monitor"}}})
+        load_config(tmp_path, {"auth_modules": {"fleet": {"user": "monitor"}}})
     assert str(error.value) == (
         f"{tmp_path / 'config.yaml'}: auth_modules.fleet.allowed_targets: an auth module needs "
         "allowed_targets: the networks (10.0.0.0/8) and host names (*.db.internal), with "
@@ -178,12 +170,12 @@ def test_a_module_without_allowed_targets_is_a_located_error(tmp_path: Path) -> 
 def test_module_errors_are_located(tmp_path: Path, module: dict[str, object], where: str) -> None:
     fleet = {"user": "monitor", "allowed_targets": ["10.0.0.0/8"], **module}
     with pytest.raises(ConfigError) as error:
-        _load(tmp_path, {"auth_modules": {"fleet": fleet}})
+        load_config(tmp_path, {"auth_modules": {"fleet": fleet}})
     assert f"config.yaml: {where}" in str(error.value)
 
 
 def test_a_module_takes_the_top_level_settings_it_does_not_override(tmp_path: Path) -> None:
-    config = _load(
+    config = load_config(
         tmp_path,
         {
             "collection": {"statement_timeout": "2s", "min_interval": "1s"},
@@ -221,7 +213,7 @@ def test_a_module_takes_the_top_level_settings_it_does_not_override(tmp_path: Pa
 def discovered(tmp_path: Path) -> Iterator[DiscoveredTargets]:
     """The registry of a module for 10.0.0.0/8 and *.db.internal; its targets never connect
     in these tests (a Target connects at its first collection)."""
-    config = _load(
+    config = load_config(
         tmp_path,
         {
             "auth_modules": {
@@ -301,7 +293,7 @@ def test_a_changed_module_closes_its_targets(discovered: DiscoveredTargets, tmp_
     assert discovered.probe("10.0.0.1", "fleet") is kept
 
     def reload(allowed: str) -> None:
-        changed = _load(
+        changed = load_config(
             tmp_path, {"auth_modules": {"fleet": {"user": "auditor", "allowed_targets": [allowed]}}}
         )
         discovered.update(changed.auth_modules, changed.discovered_targets)

@@ -12,7 +12,15 @@ from urllib.parse import urlencode
 import psycopg
 import pytest
 import yaml
-from support import PG_MAJOR, Config, Scrape, Session, SilentServer, StartExporter
+from support import (
+    PG_MAJOR,
+    Config,
+    Scrape,
+    Session,
+    SilentServer,
+    StartExporter,
+    exporter_sessions,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
 
@@ -111,14 +119,6 @@ def test_a_stopped_server_never_blanks_the_others(
         exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="b") == 1, timeout=15)
 
 
-def _backend_pids(server: EmbeddedPostgres) -> list[int]:
-    with server.connect() as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pg-advisory-exporter'"
-        ).fetchall()
-    return [row[0] for row in rows]
-
-
 def test_reload_adds_removes_and_keeps_unchanged_targets(
     start_exporter: StartExporter,
     monitor_dsn: str,
@@ -134,8 +134,8 @@ def test_reload_adds_removes_and_keeps_unchanged_targets(
     session("billing-worker").execute("SELECT pg_advisory_lock(7310001)")
     before = exporter.scrape()
     assert before.value("pg_advisory_key_holders", target="a", key="nightly_billing") == 1
-    pids_before = _backend_pids(pg)
-    assert len(pids_before) == 1
+    sessions = exporter_sessions(pg)
+    assert len(sessions) == 1
 
     # b is removed, c added, a unchanged; the registry is global, so change it per target:
     # give b's replacement, c, its own key.
@@ -156,8 +156,8 @@ def test_reload_adds_removes_and_keeps_unchanged_targets(
     assert after.value("pg_advisory_key_holders", target="c", key="leader") == 0
     assert after.value("pg_advisory_key_holders", target="a", key="nightly_billing") == 1
     # The unchanged target kept its connection (same backend) and its counters.
-    assert _backend_pids(pg) == pids_before
-    assert _backend_pids(fleet[0]) == []  # the removed target's connection is closed
+    assert exporter_sessions(pg) == sessions
+    assert exporter_sessions(fleet[0]) == []  # the removed target's connection is closed
     assert "configuration reloaded" in exporter.log()
 
     # An invalid file is refused over HTTP too, and the running configuration stays.

@@ -293,6 +293,7 @@ def test_concurrent_requests_share_one_read_and_later_ones_reuse_it() -> None:
     for thread in threads:
         thread.start()
     time.sleep(0.2)
+    released = time.monotonic()
     release.set()
     for thread in threads:
         thread.join()
@@ -300,7 +301,9 @@ def test_concurrent_requests_share_one_read_and_later_ones_reuse_it() -> None:
     assert len({id(answer) for answer, _ in results}) == 1
     answer, age = answers.get()
     assert answer is results[0][0]
-    assert age >= 0
+    # Its age counts from the end of the read, which came after the release: an age from
+    # the read's start (0.2 s earlier) would be longer, and a reused answer is never new.
+    assert 0 < age <= time.monotonic() - released
     time.sleep(0.35)
     assert answers.get()[0] is not answer
     assert len(reads) == 2

@@ -11,7 +11,15 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support import OneTarget, RunningExporter, Scrape, Session, StartExporter, wait_until
+from support import (
+    REFUSED_DSN,
+    OneTarget,
+    RunningExporter,
+    Scrape,
+    Session,
+    StartExporter,
+    wait_until,
+)
 
 # Version-independent (tests/conftest.py): the HTTP surface.
 pytestmark = pytest.mark.any_version
@@ -105,15 +113,12 @@ def test_promtool_accepts_a_scrape_with_every_scenario(
     in_transaction.rollback()
 
 
-REFUSED = "host=127.0.0.1 port=1 user=x dbname=x"
-
-
 def test_reload_over_http_needs_the_lifecycle_flag(start_exporter: StartExporter) -> None:
-    closed = start_exporter("--dsn", REFUSED)
+    closed = start_exporter("--dsn", REFUSED_DSN)
     status, body = closed.get("/-/reload", method="POST")
     assert status == 403
     assert "--web.enable-lifecycle" in body
-    config = {"targets": [{"name": "a", "dsn": REFUSED}]}
+    config = {"targets": [{"name": "a", "dsn": REFUSED_DSN}]}
     opened = start_exporter("--web.enable-lifecycle", config=config)
     assert opened.get("/-/reload", method="POST") == (200, "reloaded\n")
     assert opened.get("/-/reload")[0] == 405
@@ -126,7 +131,7 @@ def test_reload_over_http_needs_the_lifecycle_flag(start_exporter: StartExporter
 
 
 def test_liveness_and_readiness_never_depend_on_a_database(start_exporter: StartExporter) -> None:
-    exporter = start_exporter("--dsn", REFUSED)
+    exporter = start_exporter("--dsn", REFUSED_DSN)
     assert exporter.scrape().value("pg_advisory_up", target="default") == 0
     assert exporter.get("/health")[0] == 503  # the per-target report says the truth
     assert exporter.get("/-/healthy") == (200, "OK\n")
@@ -143,7 +148,7 @@ def _raw_request(port: int, request: bytes) -> bytes:
 
 
 def test_methods_head_has_no_body_and_the_rest_get_405(start_exporter: StartExporter) -> None:
-    exporter = start_exporter("--dsn", REFUSED)
+    exporter = start_exporter("--dsn", REFUSED_DSN)
     for path in ("/", "/metrics", "/health", "/-/healthy", "/locks?target=default"):
         answer = _raw_request(exporter.port, f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
         head, _, body = answer.partition(b"\r\n\r\n")
@@ -164,7 +169,7 @@ def test_methods_head_has_no_body_and_the_rest_get_405(start_exporter: StartExpo
 
 @pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="this host has no IPv6")
 def test_the_default_address_serves_ipv4_and_ipv6(start_exporter: StartExporter) -> None:
-    exporter = start_exporter("--dsn", REFUSED, host="")
+    exporter = start_exporter("--dsn", REFUSED_DSN, host="")
     for host in ("127.0.0.1", "[::1]"):
         with urllib.request.urlopen(f"http://{host}:{exporter.port}/-/healthy", timeout=10) as r:
             assert r.status == 200
@@ -173,7 +178,7 @@ def test_the_default_address_serves_ipv4_and_ipv6(start_exporter: StartExporter)
 def test_sigterm_ends_the_exporter_without_waiting_for_a_poll(
     start_exporter: StartExporter,
 ) -> None:
-    exporter = start_exporter("--dsn", REFUSED)
+    exporter = start_exporter("--dsn", REFUSED_DSN)
     # Right after a request the server waits anew for the next one: a loop that looked for
     # a shutdown only between waits of 0.5 s (the standard one) would need all of them.
     assert exporter.get("/-/healthy")[0] == 200
@@ -187,7 +192,7 @@ def test_sigterm_ends_the_exporter_without_waiting_for_a_poll(
 
 
 def test_the_access_log_leaves_out_query_strings(start_exporter: StartExporter) -> None:
-    exporter = start_exporter("--dsn", REFUSED, "--log.level", "debug")
+    exporter = start_exporter("--dsn", REFUSED_DSN, "--log.level", "debug")
     secret = "pr0be-s3cret"
     query = f"target=db.internal%20password%3D{secret}&auth_module=fleet"
     status, _ = exporter.get(f"/probe?{query}")

@@ -22,8 +22,10 @@ import psycopg
 import pytest
 import yaml
 from support import (
+    FORENSICS_READ,
     MONITOR_PASSWORD,
     Config,
+    LoggedReads,
     RunningExporter,
     Session,
     SilentServer,
@@ -46,8 +48,6 @@ KEY = 4242
 # The waiter's statement: its text must never reach the page unless query text is on.
 WAITER_SQL = f"SELECT pg_advisory_lock({KEY}) /* waiter-secret-text */"
 SECRET = "waiter-secret-text"
-# Only the forensics statement names this CTE: each occurrence in the server log is one read.
-FORENSICS_READ = "forensic_locks AS MATERIALIZED"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
 
 
@@ -55,6 +55,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
 class Contention:
     holder: int  # pid
     waiter: int  # pid
+    before_the_wait: float  # time.monotonic() before the waiter asked for the lock
 
 
 @pytest.fixture
@@ -64,8 +65,9 @@ def contention(pg: EmbeddedPostgres, session: Session) -> Iterator[Contention]:
     holder.execute(f"SELECT pg_advisory_lock({KEY})")
     waiter = session("billing-waiter")
     waiter_pid = waiter.info.backend_pid
+    before_the_wait = time.monotonic()
     blocked = block_on(pg, waiter, WAITER_SQL)
-    yield Contention(holder.info.backend_pid, waiter_pid)
+    yield Contention(holder.info.backend_pid, waiter_pid, before_the_wait)
     holder.execute(f"SELECT pg_advisory_unlock({KEY})")  # the waiter gets it and returns
     blocked.join(timeout=10)
 
@@ -86,10 +88,6 @@ def _json(exporter: RunningExporter, query: str = "target=main&format=json") -> 
     assert status == 200, body
     found: dict[str, Any] = json.loads(body)
     return found
-
-
-def _reads(pg: EmbeddedPostgres) -> int:
-    return pg.logfile.read_text(errors="replace").count(FORENSICS_READ)
 
 
 def test_holder_waiter_and_blocker_as_json(
@@ -124,7 +122,9 @@ def test_holder_waiter_and_blocker_as_json(
     assert waiter["queued_behind"] == []
     assert waiter["awaits"]["key"] == str(KEY)
     assert waiter["awaits"]["key_name"] == "billing_batch"
-    assert waiter["awaits"]["wait_seconds"] >= 0
+    # The server's count of the wait, in seconds, within the test's own: not clamped to 0
+    # from a negative (now and wait_start swapped), nor in milliseconds.
+    assert 0 < waiter["awaits"]["wait_seconds"] <= time.monotonic() - contention.before_the_wait
     assert waiter["terminate"] == f"SELECT pg_terminate_backend({contention.waiter})"
 
     [contended] = page["contended_keys"]
@@ -163,24 +163,24 @@ def test_requests_close_together_share_one_read(
     pg: EmbeddedPostgres, start_exporter: StartExporter, monitor_dsn: str, contention: Contention
 ) -> None:
     exporter = start_exporter(config=_config(monitor_dsn, reuse_for="3s"))
-    before = _reads(pg)
+    reads = LoggedReads(pg, FORENSICS_READ)
     # Concurrent requests wait for the one read; those that follow within reuse_for get it.
     with ThreadPoolExecutor(max_workers=4) as pool:
         pages = list(pool.map(lambda _: _json(exporter), range(4)))
     second = _json(exporter)
     assert {p["read_at"] for p in [*pages, second]} == {pages[0]["read_at"]}
-    wait_until(lambda: _reads(pg) == before + 1, 5, "one read in the server log")
+    wait_until(lambda: reads.count() == 1, 5, "one read in the server log")
     assert second["age_seconds"] > 0
     time.sleep(3.2)
     third = _json(exporter)
     assert third["age_seconds"] == 0
-    wait_until(lambda: _reads(pg) == before + 2, 5, "a second read after reuse_for")
+    wait_until(lambda: reads.count() == 2, 5, "a second read after reuse_for")
     time.sleep(0.5)
-    assert _reads(pg) == before + 2
+    assert reads.count() == 2
     # A scrape never reads it.
     exporter.scrape()
     time.sleep(0.5)
-    assert _reads(pg) == before + 2
+    assert reads.count() == 2
 
 
 def test_a_busy_holder_is_capped_and_its_contended_key_still_listed(

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import ast
-import os
 import shlex
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from support import REFUSED_DSN, RunProgram
 
 from devtools.demo import check_command, config_file_text, demo_config
 from devtools.embedded_postgres import EmbeddedPostgres
@@ -24,12 +23,8 @@ from pg_advisory_exporter.config.model import WebConfig
 from pg_advisory_exporter.config.sources import read_flags
 from pg_advisory_exporter.schema import ConfigError
 
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
-            monkeypatch.delenv(name)
+# Neither the exporter's variables nor DATA_SOURCE_NAME of the shell that runs the tests.
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def test_the_grant_that_a_missing_privilege_asks_for_is_written_in_one_place() -> None:
@@ -100,8 +95,10 @@ def test_check_lists_only_the_flags_it_uses(
         assert flag in text
 
 
-def test_the_demo_prints_a_check_command_that_works_as_printed(tmp_path: Path) -> None:
-    config = demo_config(WebConfig(), "host=127.0.0.1 port=1 user=postgres password=pw")
+def test_the_demo_prints_a_check_command_that_works_as_printed(
+    tmp_path: Path, run_program: RunProgram
+) -> None:
+    config = demo_config(WebConfig(), REFUSED_DSN)
     path = tmp_path / "exporter.yaml"
     path.write_text(config_file_text(config))
     # The command reads the same targets as the demo's exporter: its keys and rewrites.
@@ -111,15 +108,7 @@ def test_the_demo_prints_a_check_command_that_works_as_printed(tmp_path: Path) -
     assert command[3:] == ["check", "--config.file", str(path)]
     # Outside the virtualenv, from anywhere: nothing of it is looked up on PATH.
     validate = [*command[:3], "--config.check", *command[3:]]
-    result = subprocess.run(
-        validate,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    result = run_program(validate, timeout=60, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert "1 target(s): demo" in result.stdout
 

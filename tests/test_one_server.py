@@ -18,12 +18,14 @@ from support import (
     MONITOR_PASSWORD,
     Cli,
     Config,
+    LoggedReads,
     RunningExporter,
     Scrape,
     Session,
     StartExporter,
     StartService,
     databases_on,
+    exporter_sessions,
     monitor_module,
     start_prometheus,
     wait_until,
@@ -36,7 +38,6 @@ from devtools.embedded_postgres import EmbeddedPostgres
 pytestmark = pytest.mark.any_version
 
 DATABASES = [f"shop{i:02}" for i in range(1, 11)]
-COLLECTION = "FROM pg_catalog.pg_locks"  # in the collection's statement only
 # Thresholds low enough that the test's locks fire the alerts: a lock held idle for a
 # second leaks, and any lock table entry is "nearly full" (the suite's server has about
 # 5,000 entries of capacity).
@@ -52,15 +53,6 @@ RULES = (
 def databases(pg: EmbeddedPostgres) -> Iterator[list[str]]:
     with databases_on(pg, DATABASES) as made:
         yield made
-
-
-def _exporter_connections(pg: EmbeddedPostgres) -> int:
-    with pg.connect() as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg-advisory-exporter'"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _held(pg: EmbeddedPostgres) -> int:
@@ -83,16 +75,6 @@ def _idle_holders(pg: EmbeddedPostgres) -> set[tuple[str, str, str]]:
             " WHERE l.locktype = 'advisory' AND l.granted AND a.state LIKE 'idle%'"
         ).fetchall()
     return {(str(d), str(n), str(s)) for d, n, s in rows}
-
-
-def _reads(pg: EmbeddedPostgres, seconds: float) -> int:
-    """The collections the server ran for the exporter's role within `seconds` from now, from
-    its statement log (the suite's server logs every statement of the role `monitor`)."""
-    start = pg.logfile.stat().st_size
-    time.sleep(seconds)
-    with pg.logfile.open("rb") as log:
-        log.seek(start)
-        return log.read().decode(errors="replace").count(COLLECTION)
 
 
 class Prometheus:
@@ -148,7 +130,9 @@ def _read_once_per_collection(pg: EmbeddedPostgres, targets: int) -> None:
     """About one read of pg_locks per collection interval (min_interval 1s), not one per
     target (`targets` a second)."""
     window = 10.0
-    reads = _reads(pg, window)
+    logged = LoggedReads(pg)
+    time.sleep(window)
+    reads = logged.count()
     print(f"{reads} reads of pg_locks in {window:g}s for {targets} targets scraped every second")
     assert 1 <= reads <= window + 2, f"{reads} reads of pg_locks in {window}s"
 
@@ -220,7 +204,7 @@ def test_a_real_prometheus_probing_ten_databases_reads_the_server_once_and_pages
 
     _all_up(prometheus, len(targets))
     # One connection for the eleven probes, to the module's database, not one per database.
-    assert _exporter_connections(pg) == 1
+    assert len(exporter_sessions(pg)) == 1
     scrape = exporter.scrape()
     assert scrape.value("pg_advisory_exporter_discovered_targets") == len(targets)
     assert scrape.value("pg_advisory_exporter_discovered_servers") == 1
@@ -286,7 +270,7 @@ def test_two_configured_targets_on_one_server_read_it_once_and_page_once(
     prometheus = _prometheus(start_service, tmp_path, cli, job)
 
     _all_up(prometheus, 3)
-    wait_until(lambda: _exporter_connections(pg) == 1, 10, "one connection for three targets")
+    wait_until(lambda: len(exporter_sessions(pg)) == 1, 10, "one connection for three targets")
     _read_once_per_collection(pg, 3)
     _each_lock_counted_once(prometheus, pg)
     answered = exporter.scrape()

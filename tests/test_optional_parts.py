@@ -13,16 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fake_console import FLOAT8, INT4, TEXT, Column, FakeConsole
-from support import SilentServer, StartExporter
+from support import SilentServer, StartExporter, load_config
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.poolers import Poolers
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import POOLER_WAIT
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.model import DEFAULT_PARALLEL_COLLECTIONS
 from pg_advisory_exporter.fleet import resolver
 from pg_advisory_exporter.fleet.resolver import IpAddress
@@ -31,7 +29,8 @@ from pg_advisory_exporter.metrics import Sample
 
 # Version-independent (tests/conftest.py): what the exporter does with its poolers' answers
 # and with a registry read the server refuses.
-pytestmark = pytest.mark.any_version
+# load_config reads the environment as the command does: none from the shell that runs the tests.
+pytestmark = [pytest.mark.any_version, pytest.mark.usefixtures("clean_environment")]
 
 # A 4s deadline (connect 2s + statement 1s + 1s): the poolers' wait is POOLER_WAIT.
 QUICK = {"min_interval": "1ms", "reconnect_backoff_max": "1s",
@@ -130,9 +129,7 @@ def _in_process(
     """The exporter's targets, pool and watchdog in this process (so that a function of the
     exporter can be replaced), collected as a scrape collects them: `target_samples`. Each
     target makes a server of its own, whatever it names: a fleet of servers on the suite's."""
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"collection": QUICK, "targets": targets}))
-    config = load({"config_file": str(path)})
+    config = load_config(tmp_path, {"collection": QUICK, "targets": targets})
     pool, watchdog = CollectionPool(config.max_parallel_collections), Watchdog()
     fleet = [Target(target, pool, watchdog) for target in config.targets]
     try:

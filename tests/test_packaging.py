@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import StartExporter
+from support import REFUSED_DSN, RunProgram, StartExporter
 
 ROOT = Path(__file__).parent.parent
 # The development package (the demo, the throwaway server) and each of its modules, by the
@@ -24,12 +23,15 @@ IMAGE_SOURCES = frozenset({"pyproject.toml", "README.md", "LICENSE", "exporter/"
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
+def wheel(
+    tmp_path_factory: pytest.TempPathFactory, run_program: RunProgram
+) -> Iterator[zipfile.ZipFile]:
+    """The wheel pip builds (a subprocess: the tests that read it are integration tests)."""
     directory = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
+    run_program(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(directory), str(ROOT)],
-        check=True, capture_output=True,
+         "--wheel-dir", directory, ROOT],
+        check=True,
     )  # fmt: skip
     [path] = directory.glob("*.whl")
     with zipfile.ZipFile(path) as archive:
@@ -98,9 +100,7 @@ def test_a_daemon_start_loads_no_development_code(
     start_exporter: StartExporter,
 ) -> None:
     # Python reports every module it imports; the daemon serves before the check runs.
-    exporter = start_exporter(
-        "--dsn", "host=127.0.0.1 port=1 user=x dbname=x", env={"PYTHONPROFILEIMPORTTIME": "1"}
-    )
+    exporter = start_exporter("--dsn", REFUSED_DSN, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert exporter.get("/")[0] == 200
     imported = {
         line.rsplit("|", 1)[-1].strip()

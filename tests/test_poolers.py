@@ -4,6 +4,7 @@ locks counted from a snapshot. tests/test_pgbouncer.py does the same with a real
 from __future__ import annotations
 
 import ipaddress
+import socket
 import threading
 import time
 from dataclasses import replace
@@ -13,8 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml
-from support import IDLE, Clock, SilentServer, snapshot_of, wait_until
+from support import EXAMPLE_DSN, IDLE, Clock, SilentServer, load_config, snapshot_of, wait_until
 
 from pg_advisory_exporter.collect import poolers
 from pg_advisory_exporter.collect.poolers import (
@@ -31,20 +31,20 @@ from pg_advisory_exporter.collect.poolers import (
 )
 from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.series import server_samples
-from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.fleet.resolver import IpAddress, Resolver
 from pg_advisory_exporter.metrics import Sample
 from pg_advisory_exporter.schema import ConfigError
 
-DSN = "postgresql://monitor@db.example:5432/postgres"
 CONSOLE = "host=pgbouncer.example port=6432 dbname=pgbouncer user=stats"
+# load_config reads the environment as the command does: none from the shell that runs the tests.
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def _load(tmp_path: Path, *poolers: dict[str, Any], **target: Any) -> Any:
-    path = tmp_path / "config.yaml"
-    document = {"targets": [{"name": "main", "dsn": DSN, "poolers": list(poolers), **target}]}
-    path.write_text(yaml.safe_dump(document))
-    return load({"config_file": str(path)})
+    document = {
+        "targets": [{"name": "main", "dsn": EXAMPLE_DSN, "poolers": list(poolers), **target}]
+    }
+    return load_config(tmp_path, document)
 
 
 @pytest.mark.parametrize(
@@ -197,7 +197,17 @@ def test_a_clean_pooler_says_zero_and_one_that_is_down_says_nothing() -> None:
     assert _stranded(server_samples("main", snapshot_of(IDLE), [], 100).samples) == {}
 
 
-def test_an_unresolvable_host_name_is_reported_not_raised(tmp_path: Path) -> None:
+def test_an_unresolvable_host_name_is_reported_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The resolver's answer for a name that does not exist, without asking a DNS server.
+    asked: list[object] = []
+
+    def unknown(host: object, *_: object, **__: object) -> Any:
+        asked.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
     config = _load(
         tmp_path, {"name": "pods", "addresses": ["no-such-host.invalid"], "pool_mode": "session"}
     ).targets[0]
@@ -209,6 +219,7 @@ def test_an_unresolvable_host_name_is_reported_not_raised(tmp_path: Path) -> Non
     assert view.error is not None
     assert "resolv" in view.error
     assert not view.up
+    assert asked == ["no-such-host.invalid"]
 
 
 # SHOW SERVERS rows as releases write them, by column name (tests/test_pgbouncer.py reads a

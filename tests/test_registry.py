@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import ValidationError
-from support import REGISTRY, Cli, OneTarget, RunningExporter, Scrape, Session, StartExporter
+from support import (
+    REGISTRY,
+    Cli,
+    OneTarget,
+    RunningExporter,
+    Scrape,
+    Session,
+    StartExporter,
+    write_config,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
@@ -208,9 +217,8 @@ def test_check_report_shows_registry_names(
     tmp_path: Path, monitor_dsn: str, session: Session, cli: Cli
 ) -> None:
     session("billing-worker").execute("SELECT pg_advisory_lock(7310001)")
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        yaml.safe_dump({"keys": REGISTRY, "targets": [{"name": "main", "dsn": monitor_dsn}]})
+    path = write_config(
+        tmp_path, {"keys": REGISTRY, "targets": [{"name": "main", "dsn": monitor_dsn}]}
     )
     report = cli("check", "--config.file", str(path), check=True).stdout
     holder = next(

@@ -11,8 +11,17 @@ from ipaddress import ip_network
 from pathlib import Path
 
 import pytest
-import yaml
-from support import BACKEND_START, IDLE, Cli, Session, block_on, forensic_backend, snapshot_of
+from support import (
+    BACKEND_START,
+    IDLE,
+    REFUSED_DSN,
+    Cli,
+    Session,
+    block_on,
+    forensic_backend,
+    snapshot_of,
+    write_config,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.poolers import PoolerView
@@ -107,12 +116,11 @@ def test_check_as_text_and_json(
     tmp_path: Path, monitor_dsn: str, cli: Cli, held_and_awaited: tuple[int, int]
 ) -> None:
     holder_pid, waiter_pid = held_and_awaited
-    path = tmp_path / "config.yaml"
     config = {
         "keys": [{"name": "billing_batch", "key": 4242}],
         "targets": [{"name": "main", "dsn": monitor_dsn}],
     }
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(tmp_path, config)
 
     text = cli("check", "--config.file", str(path), check=True).stdout
     waiter = _line(text, waiter_pid)
@@ -140,8 +148,7 @@ def test_check_as_text_and_json(
     assert target["contended_keys"][0]["key"] == "4242"
     assert "query" not in holds
 
-    down = tmp_path / "down.yaml"
-    down.write_text(yaml.safe_dump({"targets": [{"name": "gone", "dsn": "host=127.0.0.1 port=1"}]}))
+    down = write_config(tmp_path, {"targets": [{"name": "gone", "dsn": REFUSED_DSN}]}, "down.yaml")
     result = cli("check", "--format", "json", "--config.file", str(down))
     assert result.returncode == 1
     assert json.loads(result.stdout)[0]["target"] == "gone"

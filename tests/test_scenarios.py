@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import threading
 
-from support import Cli, OneTarget, RunningExporter, Scrape, Session, StartExporter
+from support import (
+    Cli,
+    LoggedReads,
+    OneTarget,
+    RunningExporter,
+    Scrape,
+    Session,
+    StartExporter,
+    exporter_sessions,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres
 
@@ -163,13 +172,10 @@ def test_lock_table_counts_other_backends_and_never_the_exporter(
     assert "pg-advisory-exporter" not in scrape.label_values("application_name")
 
     # One connection, reused: the same backend serves every collection.
-    with pg.connect() as conn:
-        query = "SELECT pid FROM pg_stat_activity WHERE application_name = 'pg-advisory-exporter'"
-        before = conn.execute(query).fetchall()
-        exporter.scrape()
-        exporter.scrape()
-        assert conn.execute(query).fetchall() == before
-        assert len(before) == 1
+    [before] = exporter_sessions(pg)
+    exporter.scrape()
+    exporter.scrape()
+    assert exporter_sessions(pg) == [before]
 
 
 def test_hostile_application_names_keep_the_exposition_valid(
@@ -209,7 +215,7 @@ def test_scrapes_close_together_share_one_read_of_pg_locks(
     pg: EmbeddedPostgres,
 ) -> None:
     exporter = start_exporter(config=one_target(monitor_dsn, min_interval="30s"))
-    log_before = pg.logfile.read_text().count("FROM pg_catalog.pg_locks")
+    logged = LoggedReads(pg)
     results: list[Scrape] = []
     threads = [
         threading.Thread(target=lambda: results.append(exporter.scrape())) for _ in range(12)
@@ -222,5 +228,5 @@ def test_scrapes_close_together_share_one_read_of_pg_locks(
         results.append(exporter.scrape())
     assert len(results) == 17
     assert {r.value("pg_advisory_up", target="main") for r in results} == {1.0}
-    reads = pg.logfile.read_text().count("FROM pg_catalog.pg_locks") - log_before
+    reads = logged.count()
     assert reads == 1, f"the database saw {reads} collections for 17 scrapes"

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
-import yaml
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings, CliSettingsSource, CliSubCommand, SettingsError
+from support import EXAMPLE_DSN, load_config, load_config_file, write_config
 
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.model import CollectionSettings, FileOnly
 from pg_advisory_exporter.config.sources import SETTINGS, Setting
 
 CONFIGURATION_DOC = Path(__file__).parent.parent / "docs" / "configuration.md"
-DSN = "postgresql://monitor@db.example:5432/postgres"
 # What users' scripts, units and files already use: these must never change.
 PUBLISHED = {
     "--dsn": ("PG_ADVISORY_EXPORTER_DSN", "DATA_SOURCE_NAME"),
@@ -34,11 +31,8 @@ PUBLISHED = {
 }
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper() == "DATA_SOURCE_NAME" or name.upper().startswith("PG_ADVISORY_EXPORTER_"):
-            monkeypatch.delenv(name)
+# Neither the exporter's variables nor DATA_SOURCE_NAME of the shell that runs the tests.
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def _collection_settings() -> list[tuple[str, Setting]]:
@@ -115,11 +109,11 @@ def test_flag_variable_and_file_key_set_the_same_thing(
     assert setting.default != value
 
     def loaded(flags: dict[str, object], collection: dict[str, object]) -> object:
-        path = tmp_path / "config.yaml"
-        path.write_text(
-            yaml.safe_dump({"collection": collection, "targets": [{"name": "a", "dsn": DSN}]})
+        config = load_config(
+            tmp_path,
+            {"collection": collection, "targets": [{"name": "a", "dsn": EXAMPLE_DSN}]},
+            **flags,
         )
-        config = load({"config_file": str(path), **flags})
         return getattr(config.targets[0].collection, name)
 
     by_file = loaded({}, {name: value})
@@ -155,21 +149,19 @@ def test_the_flag_table_lists_what_the_parser_has(
 
 def test_a_targets_own_file_only_settings_load_as_they_validate(tmp_path: Path) -> None:
     rewrite = {"pattern": "(.+)-x", "replacement": r"\1"}
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "targets": [
-                    {
-                        "name": "a",
-                        "dsn": DSN,
-                        "collection": {"application_name_rewrites": [rewrite]},
-                    }
-                ]
-            }
-        )
+    path = write_config(
+        tmp_path,
+        {
+            "targets": [
+                {
+                    "name": "a",
+                    "dsn": EXAMPLE_DSN,
+                    "collection": {"application_name_rewrites": [rewrite]},
+                }
+            ]
+        },
     )
-    collection = load({"config_file": str(path)}).targets[0].collection
+    collection = load_config_file(path).targets[0].collection
     assert [rule.rule().apply("web-x") for rule in collection.application_name_rewrites] == ["web"]
 
 
@@ -199,9 +191,9 @@ def test_flags_follow_the_command_where_the_pydantic_settings_cli_refuses_them(
     source: CliSettingsSource[object] = CliSettingsSource(
         Command, cli_kebab_case=True, cli_exit_on_error=False
     )
-    source(args=["--dsn", DSN, "check"])  # before the command: taken
+    source(args=["--dsn", EXAMPLE_DSN, "check"])  # before the command: taken
     with pytest.raises(SettingsError, match="unrecognized arguments: --dsn"):
-        source(args=["check", "--dsn", DSN])
+        source(args=["check", "--dsn", EXAMPLE_DSN])
     # Ours reads it there, and names it: a malformed DSN stops before any connection.
     assert main(["check", "--dsn", "postgresql://u@[::1/db"]) == 2
     assert "flag --dsn: malformed DSN" in capsys.readouterr().err

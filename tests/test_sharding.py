@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from support import EXAMPLE_DSN, load_config
 
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.settings import Config
@@ -17,16 +17,12 @@ from pg_advisory_exporter.daemon import Daemon
 from pg_advisory_exporter.fleet.sharding import Shard, jump_hash, ordinal_of, target_key
 from pg_advisory_exporter.schema import ConfigError
 
-DSN = "postgresql://monitor@db.example:5432/postgres"
 NAMES = [f"db-{i:03d}" for i in range(200)]
 names = st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=50, unique=True)
 
 
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("PG_ADVISORY_EXPORTER_"):
-            monkeypatch.delenv(name)
+# Neither the exporter's variables nor DATA_SOURCE_NAME of the shell that runs the tests.
+pytestmark = pytest.mark.usefixtures("clean_environment")
 
 
 def _moved(names: list[str], total: int) -> float:
@@ -95,12 +91,10 @@ def test_a_host_name_without_an_ordinal_is_refused(host: str) -> None:
 def _load(
     tmp_path: Path, flags: dict[str, object], shard: dict[str, object] | None = None
 ) -> Shard:
-    path = tmp_path / "config.yaml"
-    document: dict[str, object] = {"targets": [{"name": "a", "dsn": DSN}]}
+    document: dict[str, object] = {"targets": [{"name": "a", "dsn": EXAMPLE_DSN}]}
     if shard is not None:
         document["shard"] = shard
-    path.write_text(yaml.safe_dump(document))
-    return load({"config_file": str(path), **flags}).shard
+    return load_config(tmp_path, document, **flags).shard
 
 
 def test_unsharded_by_default(tmp_path: Path) -> None:
@@ -168,7 +162,7 @@ def test_a_bad_file_value_names_its_path(tmp_path: Path) -> None:
 
 def test_a_reload_reassigns_the_targets(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
-    targets = [{"name": name, "dsn": DSN} for name in NAMES[:20]]
+    targets = [{"name": name, "dsn": EXAMPLE_DSN} for name in NAMES[:20]]
 
     def write(shard: dict[str, int]) -> None:
         path.write_text(yaml.safe_dump({"shard": shard, "targets": targets}))

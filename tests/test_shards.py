@@ -7,10 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-from support import Config, RunningExporter, Scrape, StartExporter, wait_until
+from support import Config, RunningExporter, Scrape, StartExporter, exporter_sessions, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
 
 # Version-independent (tests/conftest.py): which replica connects is the exporter's side.
 pytestmark = pytest.mark.any_version
@@ -51,14 +50,9 @@ def _client_ports(pid: int) -> set[int]:
     return ports
 
 
-def _exporter_connections(server: EmbeddedPostgres) -> list[int]:
+def _exporter_connections(server: EmbeddedPostgres) -> list[int | None]:
     """The client ports of the exporters' connections the server has."""
-    with server.connect() as conn:
-        rows = conn.execute(
-            "SELECT client_port FROM pg_stat_activity WHERE application_name = %s",
-            (APPLICATION_NAME,),
-        ).fetchall()
-    return [port for (port,) in rows]
+    return [session.client_port for session in exporter_sessions(server)]
 
 
 def _all_up(scrape: Scrape) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
-from support import RunningExporter, StartExporter, Tls, basic_auth, wait_until
+from support import REFUSED_DSN, RunningExporter, StartExporter, Tls, basic_auth, wait_until
 
 from pg_advisory_exporter.http.app import MAX_PER_ADDRESS, REQUEST_DEADLINE
 from pg_advisory_exporter.http.connections import Connections
@@ -24,7 +24,6 @@ from pg_advisory_exporter.http.connections import Connections
 # Version-independent (tests/conftest.py): no server answers these exporters' DSN.
 pytestmark = pytest.mark.any_version
 
-REFUSED = "host=127.0.0.1 port=1 user=x dbname=x"
 PASSWORD = "drip-Pw-51c2"
 DRIPPERS = 300
 DRIP_INTERVAL = 1.0  # below the old per-read timeout of 5 s, which kept such a client forever
@@ -163,7 +162,7 @@ def _baseline(get: Callable[[str], float]) -> float:
 
 
 def test_300_drippers_leave_scrapes_and_liveness_answering(start_exporter: StartExporter) -> None:
-    exporter = start_exporter("--dsn", REFUSED)
+    exporter = start_exporter("--dsn", REFUSED_DSN)
 
     def get(path: str) -> float:
         return _timed_get(exporter.base + path)
@@ -189,7 +188,7 @@ def _secured(start_exporter: StartExporter, tls: Tls) -> RunningExporter:
             }
         )
     )
-    return start_exporter("--dsn", REFUSED, "--web.config.file", str(web_file))
+    return start_exporter("--dsn", REFUSED_DSN, "--web.config.file", str(web_file))
 
 
 def test_300_drippers_inside_tls_leave_scrapes_and_liveness_answering(
@@ -215,7 +214,7 @@ def test_300_drippers_inside_tls_leave_scrapes_and_liveness_answering(
 def test_stalled_clients_neither_delay_a_scrape_nor_stay_forever(
     start_exporter: StartExporter,
 ) -> None:
-    exporter = start_exporter("--dsn", REFUSED)
+    exporter = start_exporter("--dsn", REFUSED_DSN)
     stalled = [socket.create_connection(("127.0.0.1", exporter.port)) for _ in range(200)]
     try:
         stalled[-1].sendall(b"GET /metrics HTTP/1.0\r\nX-Half: ")  # and never the rest
@@ -256,7 +255,7 @@ def _seconds_until_cut(connect: Connect, payload: bytes) -> float | None:
 def test_a_client_dripping_past_the_deadline_is_cut_at_it(
     start_exporter: StartExporter, tls: Tls
 ) -> None:
-    plain, secured = start_exporter("--dsn", REFUSED), _secured(start_exporter, tls)
+    plain, secured = start_exporter("--dsn", REFUSED_DSN), _secured(start_exporter, tls)
     cases = {
         "a plain request": (_plain(plain.port), ENDLESS_REQUEST),
         "a TLS handshake": (_plain(secured.port), ENDLESS_HELLO),

@@ -16,9 +16,18 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
-from support import Cli, RunningExporter, StartExporter, StartService, Tls, basic_auth, wait_until
+from support import (
+    REFUSED_DSN,
+    Cli,
+    RunningExporter,
+    StartExporter,
+    StartService,
+    Tls,
+    basic_auth,
+    start_prometheus,
+    wait_until,
+)
 
-from devtools.embedded_postgres import free_port
 from pg_advisory_exporter.http.web_access import CHALLENGE
 
 PASSWORD = "scrape-Pw-7f3e"
@@ -57,13 +66,8 @@ def _web_file(tls: Tls, password: str = PASSWORD, client_auth: str = "") -> Path
     return path
 
 
-def _unreachable_dsn() -> str:
-    """No server answers there: these tests are about HTTP, and need no database."""
-    return f"host=127.0.0.1 port={free_port()} user=monitor dbname=postgres"
-
-
 def _start(start_exporter: StartExporter, web_file: Path, *args: str) -> RunningExporter:
-    return start_exporter("--dsn", _unreachable_dsn(), "--web.config.file", str(web_file), *args)
+    return start_exporter("--dsn", REFUSED_DSN, "--web.config.file", str(web_file), *args)
 
 
 def _request(
@@ -124,7 +128,7 @@ def test_the_lifecycle_flag_opens_reload_to_authenticated_clients(
         "--web.config.file",
         str(_web_file(tls)),
         "--web.enable-lifecycle",
-        config={"targets": [{"name": "default", "dsn": _unreachable_dsn()}]},
+        config={"targets": [{"name": "default", "dsn": REFUSED_DSN}]},
     )
     client = tls.client()
     assert _request(exporter, "/-/reload", client, method="POST")[0] == 401
@@ -191,12 +195,10 @@ def test_a_change_that_cannot_be_loaded_keeps_the_last_configuration(
 def test_a_bad_web_config_exits_2_with_a_located_message(cli: Cli, tls: Tls) -> None:
     web_file = tls.folder / "web.yml"
     web_file.write_text("tls_server_config:\n  cert_file: server.pem\n  min_version: TLS14\n")
-    result = cli("--dsn", _unreachable_dsn(), "--web.config.file", str(web_file))
+    result = cli("--dsn", REFUSED_DSN, "--web.config.file", str(web_file))
     assert result.returncode == 2
     assert f"{web_file}: tls_server_config.min_version: unknown TLS version" in result.stderr
-    checked = cli(
-        "--dsn", _unreachable_dsn(), "--web.config.file", str(_web_file(tls)), "--config.check"
-    )
+    checked = cli("--dsn", REFUSED_DSN, "--web.config.file", str(_web_file(tls)), "--config.check")
     assert checked.returncode == 0, checked.stderr
     assert "web configuration is valid: TLS on, 1 basic auth user(s), 1 header(s)" in checked.stdout
 
@@ -232,22 +234,16 @@ def test_a_real_prometheus_scrapes_over_tls_with_basic_auth(
             "static_configs": [{"targets": [f"127.0.0.1:{secured.port}"]}],
         }
 
-    (tmp_path / "prometheus.yml").write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-                "scrape_configs": [
-                    job("pg-advisory-exporter", PASSWORD),
-                    job("wrong-password", "guess"),
-                ],
-            }
-        )
-    )
-    port = start_service(
-        "prometheus",
-        "--config.file=prometheus.yml",
-        "--storage.tsdb.path=prometheus-data",
-        ready_path="/-/ready",
+    port = start_prometheus(
+        start_service,
+        tmp_path,
+        {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [
+                job("pg-advisory-exporter", PASSWORD),
+                job("wrong-password", "guess"),
+            ],
+        },
     )
     targets: list[dict[str, dict[str, str]]] = []
 
@@ -264,7 +260,7 @@ def test_a_real_prometheus_scrapes_over_tls_with_basic_auth(
 def test_a_burst_of_100_scrapes_waits_for_no_tcp_retry(start_exporter: StartExporter) -> None:
     """With the old listen backlog of 5, a burst overflowed the queue: Linux drops the SYNs it
     cannot queue, and the client sends them again after one second."""
-    exporter = start_exporter("--dsn", _unreachable_dsn())
+    exporter = start_exporter("--dsn", REFUSED_DSN)
     url = f"http://127.0.0.1:{exporter.port}/metrics"
 
     def timed(_: int) -> float:

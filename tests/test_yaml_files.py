@@ -10,13 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import Cli, cli_command
+from support import EXAMPLE_DSN, Cli, cli_command
 
 from pg_advisory_exporter.alerting.rules import thresholds_from
 from pg_advisory_exporter.schema import ConfigError
 from pg_advisory_exporter.yaml_file import EXPANSION_FACTOR, EXPANSION_FLOOR, read_yaml
 
-DSN = "postgresql://monitor@db.example:5432/postgres"
 # Seven levels of ten aliases each: ten million values written in seven short lines.
 ALIAS_BOMB = "".join(
     f"l{level}: &l{level} [{', '.join([f'*l{level - 1}' if level else 'x'] * 10)}]\n"
@@ -27,10 +26,10 @@ ALIAS_BOMB = "".join(
 READERS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "configuration": (
         lambda path: ["--config.file", str(path), "--config.check"],
-        f"targets:\n  - name: a\n    dsn: {DSN}\n",
+        f"targets:\n  - name: a\n    dsn: {EXAMPLE_DSN}\n",
     ),
     "web configuration": (
-        lambda path: ["--dsn", DSN, "--web.config.file", str(path), "--config.check"],
+        lambda path: ["--dsn", EXAMPLE_DSN, "--web.config.file", str(path), "--config.check"],
         "basic_auth_users: {}\n",
     ),
     "thresholds": (
@@ -140,7 +139,7 @@ def test_shared_settings_by_alias_are_read(tmp_path: Path, targets: int) -> None
         "{min_interval: 1s, statement_timeout: 2s, connect_timeout: 1s, reconnect_backoff_max: 30s}"
     )
     named = "".join(
-        f"  - {{name: t{i}, dsn: '{DSN}', collection: *fast}}\n" for i in range(targets)
+        f"  - {{name: t{i}, dsn: '{EXAMPLE_DSN}', collection: *fast}}\n" for i in range(targets)
     )
     path.write_text(f"fast: &fast {fast}\ntargets:\n{named}")
     document = read_yaml(path)
