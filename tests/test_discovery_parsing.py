@@ -4,14 +4,13 @@ the registry of discovered targets, without a server."""
 from __future__ import annotations
 
 import ipaddress
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support import load_config
+from support import Clock, load_config
 
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.target import Target
@@ -210,7 +209,12 @@ def test_a_module_takes_the_top_level_settings_it_does_not_override(tmp_path: Pa
 
 
 @pytest.fixture
-def discovered(tmp_path: Path) -> Iterator[DiscoveredTargets]:
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def discovered(tmp_path: Path, clock: Clock) -> Iterator[DiscoveredTargets]:
     """The registry of a module for 10.0.0.0/8 and *.db.internal; its targets never connect
     in these tests (a Target connects at its first collection)."""
     config = load_config(
@@ -223,7 +227,9 @@ def discovered(tmp_path: Path) -> Iterator[DiscoveredTargets]:
         },
     )
     pool, watchdog = CollectionPool(1), Watchdog()
-    registry = DiscoveredTargets(pool, watchdog, config.auth_modules, config.discovered_targets)
+    registry = DiscoveredTargets(
+        pool, watchdog, config.auth_modules, config.discovered_targets, clock=clock
+    )
     yield registry
     registry.close()
     pool.shutdown()
@@ -268,14 +274,16 @@ def test_every_address_of_a_name_is_checked(
     assert len([s for s in discovered.samples() if s.value]) == 3  # target, server, refusal
 
 
-def test_idle_targets_are_forgotten_and_the_cap_frees(discovered: DiscoveredTargets) -> None:
+def test_idle_targets_are_forgotten_and_the_cap_frees(
+    discovered: DiscoveredTargets, clock: Clock
+) -> None:
     for host in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
         assert isinstance(discovered.probe(host, "fleet"), Target)
     full = discovered.probe("10.0.0.4", "fleet")
     assert isinstance(full, ProbeRefused)
     assert full.refusal is Refusal.LIMIT_REACHED
     assert isinstance(discovered.probe("10.0.0.1", "fleet"), Target)  # kept ones still serve
-    time.sleep(0.15)
+    clock.now += 0.15  # idle_after passes
     discovered.sweep()
     assert isinstance(discovered.probe("10.0.0.4", "fleet"), Target)
     counts = {s.name: s.value for s in discovered.samples() if not s.labels}

@@ -14,7 +14,7 @@ from ipaddress import ip_network
 from typing import Any
 
 import pytest
-from support import BACKEND_START, forensic_backend
+from support import BACKEND_START, Clock, forensic_backend
 
 from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
 from pg_advisory_exporter.forensics.glance import CHAIN_DEPTH, blocking_chains
@@ -279,32 +279,36 @@ def test_hostile_values_are_escaped_in_the_page_and_kept_in_json() -> None:
 
 
 def test_concurrent_requests_share_one_read_and_later_ones_reuse_it() -> None:
+    clock = Clock()
     reads: list[float] = []
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def read() -> Forensics:
-        reads.append(time.monotonic())
+        reads.append(clock())
+        started.set()
         release.wait(5)
         return _read()
 
-    answers = OnDemand(read, reuse_for=0.3, wait_at_most=5)
+    answers = OnDemand(read, reuse_for=0.3, wait_at_most=5, clock=clock)
     results: list[tuple[Any, float]] = []
-    threads = [threading.Thread(target=lambda: results.append(answers.get())) for _ in range(5)]
-    for thread in threads:
+    first = threading.Thread(target=lambda: results.append(answers.get()))
+    first.start()
+    assert started.wait(5)  # the first request reads; the others join it
+    others = [threading.Thread(target=lambda: results.append(answers.get())) for _ in range(4)]
+    for thread in others:
         thread.start()
-    time.sleep(0.2)
-    released = time.monotonic()
+    clock.now += 0.2  # the read takes its time
     release.set()
-    for thread in threads:
+    for thread in (first, *others):
         thread.join()
     assert len(reads) == 1
     assert len({id(answer) for answer, _ in results}) == 1
+    clock.now += 0.1
     answer, age = answers.get()
     assert answer is results[0][0]
-    # Its age counts from the end of the read, which came after the release: an age from
-    # the read's start (0.2 s earlier) would be longer, and a reused answer is never new.
-    assert 0 < age <= time.monotonic() - released
-    time.sleep(0.35)
+    # Its age counts from the end of the read: from its start it would be 0.3, not 0.1.
+    assert age == pytest.approx(0.1)
+    clock.now += 0.2  # reuse_for has passed since the read ended
     assert answers.get()[0] is not answer
     assert len(reads) == 2
 

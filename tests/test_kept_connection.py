@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import psycopg
 import pytest
+from support import wait_until
 
 from pg_advisory_exporter.collect.kept_connection import (
     APPLICATION_NAME,
@@ -238,8 +239,8 @@ def test_an_interrupt_cancels_first_and_holds_off_a_close_meanwhile(opened: Open
     assert time.monotonic() - started < 0.5, "the caller (the watchdog) was held up"
     dropping = threading.Thread(target=kept.drop)
     dropping.start()
-    time.sleep(0.2)
-    assert conn.cancels == 1
+    wait_until(lambda: conn.cancels == 1, 5, "the cancel request sent")
+    time.sleep(0.1)  # time for a wrong wake-up or close to happen, if one were coming
     assert reader.is_alive(), "woken before the cancel request ended"
     assert not conn.closed, "closed while the cancel request used it"
     conn.cancel_gate.set()
@@ -285,7 +286,7 @@ def test_a_deadline_interrupts_a_use_that_outlives_it_only(opened: Opened) -> No
     started = time.monotonic()
     with kept.deadline(watchdog, 0.2) as expired:
         opened[0].near.recv(1)  # an answer that never comes
-    assert 0.2 <= time.monotonic() - started < 2.0
+    assert time.monotonic() - started >= 0.2  # never before its time; when after, the OS says
     assert expired.is_set()
 
 

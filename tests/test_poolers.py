@@ -409,8 +409,8 @@ def test_a_console_that_never_answers_is_waited_for_once(
         (view,) = read.read(watchdog, 0.3)  # the same read, still under way
         again = time.monotonic() - started
         assert view.error == "no answer within 300ms"
-        assert 0.3 <= first < 1.5  # not libpq's connect timeout (3s)
-        assert again < 0.1
+        assert 0.3 <= first < 2.5  # its 0.3s wait, not libpq's connect timeout (3s)
+        assert again < first / 3  # only looked at, however long that took
     finally:
         read.close()
 

@@ -7,10 +7,11 @@ import ipaddress
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
-from support import Clock
+from support import Clock, wait_until
 
 from pg_advisory_exporter.fleet.discovery import TargetAddress, parse_target, resolve
 from pg_advisory_exporter.fleet.resolver import IpAddress, Resolver, Unresolved
@@ -57,19 +58,41 @@ def test_probes_of_one_name_share_its_lookup(dns: Dns) -> None:
     resolver = Resolver(dns)
     dns.answers["hang.test"] = ["10.0.0.1"]
     answers: list[list[IpAddress]] = []
-    first = threading.Thread(target=lambda: answers.append(resolver.resolve("hang.test", 10)))
-    first.start()
+    probes = [
+        threading.Thread(target=lambda: answers.append(resolver.resolve("hang.test", 10)))
+        for _ in range(4)
+    ]
+    for probe in probes:
+        probe.start()
     assert dns.started.wait(5)
-    for _ in range(3):  # while it is under way
-        with pytest.raises(Unresolved, match="did not resolve within 0s"):
-            resolver.resolve("hang.test", 0)
     dns.released.set()
-    first.join(5)
-    assert answers == [[ipaddress.IPv4Address("10.0.0.1")]]
-    assert dns.asked == ["hang.test"]
+    for probe in probes:
+        probe.join(5)
+    assert answers == [[ipaddress.IPv4Address("10.0.0.1")]] * 4
+    assert dns.asked == ["hang.test"]  # one lookup for the four
     # Once it has answered, the next probe looks the name up again: no answer is reused.
     resolver.resolve("hang.test", WAIT)
     assert dns.asked == ["hang.test", "hang.test"]
+
+
+def test_a_lookup_given_up_on_is_not_waited_for_again_until_it_ends(dns: Dns) -> None:
+    resolver = Resolver(dns)
+    dns.answers["hang.test"] = ["10.0.0.1"]
+    with pytest.raises(Unresolved, match=r"did not resolve within 0\.2s"):
+        resolver.resolve("hang.test", 0.2)
+    started = time.monotonic()
+    with pytest.raises(Unresolved):
+        resolver.resolve("hang.test", 5)  # only looked at: the first one waited it out
+    assert time.monotonic() - started < 1
+
+    def resolved() -> bool:
+        try:
+            return resolver.resolve("hang.test", 5) == [ipaddress.IPv4Address("10.0.0.1")]
+        except Unresolved:  # the lookup given up on, until it ends
+            return False
+
+    dns.released.set()
+    wait_until(resolved, 5, "the late answer")
 
 
 def test_a_hung_name_asked_for_again_and_again_does_not_delay_another(dns: Dns) -> None:
@@ -126,6 +149,11 @@ def test_known_names_are_the_most_recent_few_and_hold_no_more_threads(dns: Dns) 
     for name in names:
         dns.answers[name] = ["10.0.0.1"]
         assert resolver.resolve(name, WAIT)
+    wait_until(
+        lambda: not [t for t in threading.enumerate() if t.name.endswith(".known.test")],
+        5,
+        "the resolved names' lookup threads ended",
+    )
     dns.released.clear()  # ...then their DNS stops answering, and a flood comes
     _flood(resolver, 1)
     for name in names[:-2]:

@@ -102,9 +102,14 @@ def test_a_password_flood_leaves_the_right_user_as_fast_as_before(
         f"({failed.count(429)} refused at once): median {statistics.median(loaded) * 1000:.0f} "
         f"ms, slowest {loaded[-1] * 1000:.0f} ms"
     )
+    # What one check of the right password costs on this machine now: the right user, whose
+    # verdict is kept, must not wait for even one (it waited behind the flood: 12 s and more).
+    check = min(_timed(lambda: bcrypt.checkpw(PASSWORD.encode(), cost_12_hash.encode()))
+                for _ in range(3))  # fmt: skip
+    report += f"; one cost-12 check {check * 1000:.0f} ms"
     print(report)
-    assert statistics.median(loaded) < normal + 0.1, report
-    assert loaded[-1] < normal + 1, report  # it waited behind the flood: 12 s and more
+    assert statistics.median(loaded) < check, report
+    assert loaded[-1] < 4 * check, report
 
 
 def test_an_unknown_user_takes_as_long_as_a_known_one_at_cost_12(
