@@ -53,7 +53,7 @@ class JsonFormatter(logging.Formatter):
 # as they were published, wherever the code that logs has moved since.
 PUBLISHED = frozenset(
     {"collector", "connection", "daemon", "discovered", "forensics", "http", "http_connections",
-     "poolers", "scheduling", "target", "web_access"}
+     "scheduling", "target", "web_access"}
 )  # fmt: skip
 
 

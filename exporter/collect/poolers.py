@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.dsn import redact
 from pg_advisory_exporter.config.model import CollectionSettings, PoolerConfig
 from pg_advisory_exporter.fleet import resolver
@@ -24,8 +23,6 @@ from pg_advisory_exporter.sharing import Patience, Shared, Turn
 
 from .kept_connection import CannotCollect, KeptConnection, connect
 from .scheduling import Watchdog
-
-log = logs.named("poolers")
 
 # The admin console's commands, read by column name: columns are added between releases
 # (1.23 inserted `replication` into SHOW SERVERS) and renamed (1.24's reserve_pool_size).
