@@ -145,7 +145,10 @@ def test_the_longest_duration_is_prometheus_longest() -> None:
 @given(st.text(alphabet="0123456789.ywdhms-+ ", max_size=10))
 def test_the_charts_pattern_takes_only_what_the_exporter_takes(text: str) -> None:
     if text and re.fullmatch(DURATION_PATTERN, text):
-        parse_duration(text)  # no error
+        try:
+            parse_duration(text)
+        except ValueError as exc:  # a pattern cannot count to Prometheus' longest duration
+            assert "longer than Prometheus' longest" in str(exc)  # noqa: PT017
 
 
 @given(prometheus_texts())
