@@ -142,6 +142,63 @@ SPECS = {
             "1 if the pooler could be read (or is known by address) in the last collection.",
         ),
         MetricSpec(
+            "pg_advisory_log_unlocks_not_held_total",
+            "counter",
+            _GROUP,
+            "Unlocks of an advisory lock the session did not hold, logged by the server "
+            "(WARNING: you don't own a lock of type ...): the lock it meant to release is still "
+            "held, most likely on another pooled connection.",
+        ),
+        MetricSpec(
+            "pg_advisory_log_out_of_shared_memory_total",
+            "counter",
+            _GROUP,
+            "Lock requests that failed because the shared lock table was full, logged by the "
+            "server (ERROR: out of shared memory, SQLSTATE 53200, its hint naming "
+            "max_locks_per_transaction).",
+        ),
+        MetricSpec(
+            "pg_advisory_log_deadlocks_total",
+            "counter",
+            _GROUP,
+            "Deadlocks logged by the server that involved an advisory lock (the victim's "
+            "database and application).",
+        ),
+        MetricSpec(
+            "pg_advisory_log_lock_waits_total",
+            "counter",
+            (*_GROUP, "key"),
+            "Waits for an advisory lock that outlived deadlock_timeout, logged by the server "
+            "(log_lock_waits): by the waiter and the registry's name of the key (empty where "
+            "it has none).",
+        ),
+        MetricSpec(
+            "pg_advisory_log_lock_wait_seconds_total",
+            "counter",
+            (*_GROUP, "key"),
+            "The logged duration of the waits for an advisory lock that ended (acquired, or "
+            "given up), by the waiter and the key's registry name.",
+        ),
+        MetricSpec(
+            "pg_advisory_log_up",
+            "gauge",
+            ("target",),
+            "1 if the server's log (server_log) could be read at the last look, else 0.",
+        ),
+        MetricSpec(
+            "pg_advisory_log_lines_total",
+            "counter",
+            ("target",),
+            "Lines read from the server's log since the exporter started (from its end then).",
+        ),
+        MetricSpec(
+            "pg_advisory_log_unparsed_lines_total",
+            "counter",
+            ("target",),
+            "Lines of the server's log that could not be read as records of its format "
+            "(counted, and skipped).",
+        ),
+        MetricSpec(
             "pg_advisory_exporter_build_info", "gauge", ("version", "python_version"), "Always 1."
         ),
         MetricSpec(

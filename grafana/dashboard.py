@@ -528,6 +528,87 @@ def _lock_table() -> list[PanelBuilder]:
     ]
 
 
+def _logged(metric: str, by: str = GROUP) -> str:
+    """The events a server-log counter counted in each interval."""
+    return f"sum by ({by}) (increase({sel(metric)}[$__rate_interval]))"
+
+
+def _server_log() -> list[PanelBuilder]:
+    events = (
+        (
+            "Unlocks of locks not held",
+            "pg_advisory_log_unlocks_not_held_total",
+            "Unlocks of an advisory lock the session did not hold, from the server's log "
+            "(WARNING: you don't own a lock of type ...): the lock is still held elsewhere, "
+            "most often on another connection of a transaction pool. Above "
+            f"{ALERTS.unlocks_not_held} in {format_duration(ALERTS.unlocks_not_held_window)}, "
+            "PgAdvisoryUnlockNotHeld warns.",
+        ),
+        (
+            "Lock table found full",
+            "pg_advisory_log_out_of_shared_memory_total",
+            "Statements that failed because the shared lock table was full (ERROR: out of "
+            "shared memory), from the server's log: they happen between scrapes, when the "
+            "snapshot may never see the table full. Any pages: PgLockTableOutOfSharedMemory.",
+        ),
+        (
+            "Advisory deadlocks",
+            "pg_advisory_log_deadlocks_total",
+            "Deadlocks that involved an advisory lock, from the server's log, by the "
+            "application of the session that was cancelled to break them.",
+        ),
+    )
+    panels: list[PanelBuilder] = [
+        _timeseries(
+            title, description, "short", [Query(_logged(metric), OF_APPLICATION)], width=8
+        ).draw_style(common_model.GraphDrawStyle.BARS)
+        for title, metric, description in events
+    ]
+    by_key = f"{GROUP}, key"
+    waits = _logged("pg_advisory_log_lock_waits_total", by_key)
+    waited = _logged("pg_advisory_log_lock_wait_seconds_total", by_key)
+    of_key = "key {{key}} for " + OF_APPLICATION
+    panels += [
+        _timeseries(
+            "Logged waits by key",
+            "Waits for an advisory lock that outlived deadlock_timeout (log_lock_waits), those "
+            "that ended before any scrape too, by the registry's name of the key (empty for "
+            "a key it lacks).",
+            "short",
+            [Query(waits, "waits: " + of_key)],
+            width=12,
+        ),
+        _timeseries(
+            "Mean logged wait",
+            "The seconds of the logged waits that ended in each interval, per wait.",
+            "s",
+            [Query(f"{waited} / {waits}", of_key)],
+            width=6,
+        ),
+        _timeseries(
+            "Server log read",
+            "Lines read from each target's server log and those that were no record of its "
+            "format (a line prefix that differs from the server's log_line_prefix shows "
+            "here), per second; the gaps are where the log could not be read "
+            "(pg_advisory_log_up 0, the exporter's log says why).",
+            "short",
+            [
+                Query(
+                    f"rate({sel('pg_advisory_log_lines_total')}[$__rate_interval])"
+                    f" and on (job, instance, target) {sel('pg_advisory_log_up')} == 1",
+                    "lines of {{target}}",
+                ),
+                Query(
+                    f"rate({sel('pg_advisory_log_unparsed_lines_total')}[$__rate_interval])",
+                    "unparsed lines of {{target}}",
+                ),
+            ],
+            width=6,
+        ),
+    ]
+    return panels
+
+
 def _registered_keys() -> list[PanelBuilder]:
     keys = ("target", "datname", "key")
     by = ", ".join(keys)
@@ -685,6 +766,7 @@ ROWS = (
     ("Poolers", _poolers),
     ("Lock table", _lock_table),
     ("Registered keys", _registered_keys),
+    ("Server log", _server_log),
     ("Exporter", _exporter),
 )
 

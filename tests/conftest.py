@@ -68,6 +68,7 @@ from support import (
     MONITOR_PASSWORD,
     PG_MAJOR,
     PLAIN_PASSWORD,
+    SUITE_LOG_PREFIX,
     Cli,
     Config,
     Connection,
@@ -341,7 +342,14 @@ def pg() -> Iterator[EmbeddedPostgres]:
     """One server for the suite, with a monitoring role as the README recommends."""
     server = EmbeddedPostgres(major=PG_MAJOR)
     try:
-        server.start(max_connections=60, deadlock_timeout="200ms")
+        # Its log (stderr, the file pg_ctl writes) says each record's database and
+        # application, and lock waits past deadlock_timeout: tests read it as a server_log.
+        server.start(
+            max_connections=60,
+            deadlock_timeout="200ms",
+            log_lock_waits="on",
+            log_line_prefix=SUITE_LOG_PREFIX,
+        )
         try:
             with server.connect() as conn:
                 conn.execute("SELECT 1")

@@ -1,6 +1,6 @@
 """A real PgBouncer (Debian's, 1.18) in front of the test server: a transaction-mode pool
-and a session-mode pool of one server connection each, and an admin console for a
-stats_users role."""
+and a session-mode pool of one server connection each (or `pool_size`), and an admin
+console for a stats_users role."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ unix_socket_dir =
 auth_type = md5
 auth_file = {dir}/userlist.txt
 stats_users = {stats}
-default_pool_size = 1
+default_pool_size = {pool_size}
 logfile = {dir}/pgbouncer.log
 pidfile = {dir}/pgbouncer.pid
 """
@@ -51,6 +51,7 @@ class PgBouncer:
     port: int = field(default_factory=free_port)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pgbouncer-")))
     process: subprocess.Popen[bytes] | None = None
+    pool_size: int = 1
 
     def dsn(self, pool: str = TRANSACTION_POOL) -> str:
         """A client's DSN through one of the pools."""
@@ -75,7 +76,7 @@ class PgBouncer:
         (self.workdir / "pgbouncer.ini").write_text(
             CONFIG.format(
                 transaction=TRANSACTION_POOL, session=SESSION_POOL, server=self.server.dsn(),
-                port=self.port, dir=self.workdir, stats=STATS,
+                port=self.port, dir=self.workdir, stats=STATS, pool_size=self.pool_size,
             )
         )  # fmt: skip
         (self.workdir / "userlist.txt").write_text(

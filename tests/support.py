@@ -38,6 +38,8 @@ from pg_advisory_exporter.forensics.read import Backend, LockEntry
 PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
 MONITOR_PASSWORD = "monitor-s3cret-pw"
 PLAIN_PASSWORD = "plain-s3cret-pw"
+# The suite's server's log_line_prefix: each record's SQLSTATE, user, database, application.
+SUITE_LOG_PREFIX = "%m [%p] %q%e %u@%d %a "
 
 # A server that configurations name and nothing connects to: db.example never resolves.
 EXAMPLE_DSN = "postgresql://monitor@db.example:5432/postgres"

@@ -14,8 +14,10 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from log_events import fill_lock_table
 from pgbouncer import SESSION_POOL, STATS_PASSWORD, PgBouncer
 from support import (
+    SUITE_LOG_PREFIX,
     Cli,
     OneTarget,
     RunningExporter,
@@ -225,3 +227,51 @@ def test_a_session_lock_stranded_in_a_transaction_pool_pages_in_a_minute(
         assert {a["labels"]["alertname"] for a in webhook.alerts} == {
             "PgAdvisorySessionLockInTransactionPool"
         }  # not the leak alert, 15 minutes away
+
+
+@pytest.mark.slow
+def test_a_misplaced_unlock_and_a_full_lock_table_page_from_the_servers_log(
+    pg: EmbeddedPostgres,
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    webhook: Webhook,
+    start_service: StartService,
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    config = one_target(monitor_dsn, name="orders")
+    config["targets"][0]["server_log"] = {"path": str(pg.logfile), "line_prefix": SUITE_LOG_PREFIX}
+    exporter = start_exporter(config=config)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(cli("rules", "--set", "exporter_job=pg-advisory", check=True).stdout)
+    _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
+
+    bouncer = PgBouncer(pg, pool_size=2)
+    try:
+        bouncer.start()
+        with psycopg.connect(bouncer.dsn(), autocommit=True, application_name="nightly-job") as job:
+            job.execute("SELECT pg_advisory_lock(8101)")  # on the pool's one server connection
+            with psycopg.connect(bouncer.dsn(), application_name="api") as other:
+                other.execute("SELECT 1")  # which another client's transaction now has:
+                unlocked = job.execute("SELECT pg_advisory_unlock(8101)").fetchone()
+                assert unlocked == (False,)  # the unlock ran on a second one
+        fill_lock_table(pg.dsn(), "batch-import")
+
+        unlock = webhook.wait_for("PgAdvisoryUnlockNotHeld", "firing")
+        full = webhook.wait_for("PgLockTableOutOfSharedMemory", "firing")
+    finally:
+        bouncer.cleanup()  # its server connections, and the lock stranded on one, end
+    assert (unlock["labels"]["severity"], full["labels"]["severity"]) == ("warning", "critical")
+    where = ("target", "datname", "application_name")
+    assert tuple(unlock["labels"][label] for label in where) == ("orders", "postgres", "nightly-job")
+    assert tuple(full["labels"][label] for label in where) == ("orders", "postgres", "batch-import")
+    assert "unlocked an advisory lock it did not hold" in unlock["annotations"]["description"]
+    assert full["annotations"]["runbook_url"].endswith("#pglocktableoutofsharedmemory")
+    # One problem, one page: a few evaluations later, still one alert of each.
+    time.sleep(5)
+    pages = {(a["labels"]["alertname"], a["labels"]["application_name"]) for a in webhook.alerts}
+    assert pages == {
+        ("PgAdvisoryUnlockNotHeld", "nightly-job"),
+        ("PgLockTableOutOfSharedMemory", "batch-import"),
+    }

@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 import yaml
+from log_events import every_event
 from promql_lint import LABEL_VALUES, VARIABLES, Dashboard, Panel, lint, panels
 from support import (
     REGISTRY,
+    SUITE_LOG_PREFIX,
     OneTarget,
     RunningExporter,
     Session,
@@ -30,6 +32,7 @@ from support import (
     wait_until,
 )
 
+from devtools.embedded_postgres import EmbeddedPostgres
 from grafana import dashboard
 from pg_advisory_exporter.metrics import SPECS
 
@@ -328,6 +331,7 @@ def test_every_query_returns_series_from_a_real_prometheus(
     start_exporter: StartExporter,
     one_target: OneTarget,
     monitor_dsn: str,
+    pg: EmbeddedPostgres,
     session: Session,
     start_service: StartService,
     tmp_path: Path,
@@ -338,11 +342,15 @@ def test_every_query_returns_series_from_a_real_prometheus(
     config["targets"][0]["poolers"] = [
         {"name": "pgbouncer", "addresses": ["127.0.0.1/32"], "pool_mode": "transaction"}
     ]
+    # The suite's server's log, where what happens between scrapes is written.
+    config["targets"][0]["server_log"] = {"path": str(pg.logfile), "line_prefix": SUITE_LOG_PREFIX}
     exporter = start_exporter(
         "--web.external-url", "http://exporter.example.com", config={**config, "keys": REGISTRY}
     )
     with seed_scenarios(session):
         exporter.scrape_until(lambda s: sum(v for _, v in s.find("pg_advisory_waiters")) == 1)
+        every_event(pg.dsn())
+        exporter.scrape_until(lambda s: bool(s.find("pg_advisory_log_lock_wait_seconds_total")))
         prometheus = _start_prometheus(start_service, tmp_path, exporter)
         prometheus.wait_for_samples(5)
         empty = _empty_queries(prometheus, _committed())

@@ -71,6 +71,7 @@ _LOCKS_PAGE_LINK = (
 _WHERE = "in database {{ $labels.datname }} on {{ $labels.target }}"
 _APP = "{{ $labels.application_name }}"
 _VALUE = "{{ $value }}"
+_COUNT = "{{ $value | humanize }}"
 _AGE = "{{ $value | humanizeDuration }}"
 
 
@@ -121,6 +122,7 @@ class Alerts:
             self.migration_lock(),
             self.session_lock_in_transaction_pool(),
             *self.registered_keys(),
+            *self.server_log(),
         ]
 
     def leaks_and_waits(self) -> list[dict[str, Any]]:
@@ -399,5 +401,53 @@ class Alerts:
                 description="A holder of the registered key {{ $labels.key }} "
                 f"{_WHERE} has been in its current state for {_AGE}, longer than the "
                 "key's max_hold.",
+            ),
+        ]
+
+    def counted(self, metric: str, window: str, threshold: str) -> str:
+        """More than `threshold` events of a logged counter within `window`, by holder: those
+        of a series that appeared within it too (a counter's series starts with its first
+        event, and increase() needs a sample before it)."""
+        counter, by = self.sel(metric), self.by(*_HOLDER)
+        return (
+            f"sum by {by} (increase({counter}[{window}])) > {threshold} "
+            f"or sum by {by} ({counter} unless {counter} offset {window}) > {threshold}"
+        )
+
+    def server_log(self) -> list[dict[str, Any]]:
+        """What the server's log told between scrapes: an unlock of a lock not held, a lock
+        table that was full."""
+        v = self.v
+        unlocks, oom = (
+            v.duration("unlocks_not_held_window"),
+            v.duration("out_of_shared_memory_window"),
+        )
+        return [
+            self.alert(
+                "PgAdvisoryUnlockNotHeld",
+                self.counted(
+                    "pg_advisory_log_unlocks_not_held_total", unlocks, v.number("unlocks_not_held")
+                ),
+                for_="",
+                severity="warning",
+                summary=f"{_APP} unlocked advisory locks it did not hold",
+                description=f"{_COUNT} times in the last {unlocks}, a session of {_APP} "
+                f"{_WHERE} unlocked an advisory lock it did not hold (the server logged: you "
+                "don't own a lock of type ...). The lock it meant to release is still held "
+                "somewhere, most likely by another connection of a transaction pool; see "
+                "pg_advisory_pooled_session_locks and the holders. Threshold "
+                f"{v.number('unlocks_not_held')}.",
+            ),
+            self.alert(
+                "PgLockTableOutOfSharedMemory",
+                self.counted("pg_advisory_log_out_of_shared_memory_total", oom, "0"),
+                for_="",
+                severity="critical",
+                summary=f"The lock table of {{{{ $labels.target }}}} was full: {_APP} could "
+                "not take a lock",
+                description=f"{_COUNT} lock requests of {_APP} {_WHERE} failed in the last "
+                f"{oom} because the shared lock table was full (ERROR: out of shared memory, "
+                "a hint to raise max_locks_per_transaction): queries have failed, whatever "
+                "the table holds now. Every lock type shares the table.",
             ),
         ]

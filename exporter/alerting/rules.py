@@ -73,6 +73,13 @@ class Thresholds(Strict):
     backend_lock_budget_for: Duration = Field(300, description="how long it must last")
     deadlocks: int = Field(0, ge=0, description="more deadlocks than this in the window warn")
     deadlocks_window: Duration = Field(600, description="the window")
+    unlocks_not_held: int = Field(
+        0, ge=0, description="more logged unlocks of locks not held than this in the window warn"
+    )
+    unlocks_not_held_window: Duration = Field(600, description="the window")
+    out_of_shared_memory_window: Duration = Field(
+        900, description="a lock table found full within this long pages"
+    )
     target_down_for: Duration = Field(300, description="a server unreadable this long pages")
     exporter_down_for: Duration = Field(300, description="the exporter unscrapable this long")
     web_config_refused_for: Duration = Field(

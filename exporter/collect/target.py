@@ -16,6 +16,7 @@ from pg_advisory_exporter.metrics import Sample, locks_page_info
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .series import server_samples, target_series
 from .server import Collection, Directory, Server
+from .server_log import ServerLog
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,18 @@ class Target:
             ]
         )
         self._rules = [rule.rule() for rule in self.settings.application_name_rewrites]
+        # The server's own log, where the target names it: read on a thread of its own.
+        self._server_log = (
+            None
+            if config.server_log is None
+            else ServerLog(
+                self.name,
+                config.server_log,
+                self._rules,
+                self.settings.application_name_limit,
+                lambda: self.server.reader().registry,
+            )
+        )
         # The series of the last collection mapped, reused by the scrapes that share it.
         self._mapped_lock = threading.Lock()
         self._mapped: tuple[Collection, bool, list[Sample]] | None = None
@@ -106,16 +119,22 @@ class Target:
         return self.server.reader().answering() is self
 
     def series(self, collection: Collection) -> list[Sample]:
-        """All series of this target for one scrape."""
+        """All series of this target for one scrape: those of the collection (mapped once
+        for the scrapes that share it), then what its server's log counted until now."""
         server_wide = self.answers_for_server()
         with self._mapped_lock:
             mapped = self._mapped
-            if mapped is not None and mapped[0] is collection and mapped[1] == server_wide:
-                return mapped[2]
-        samples = self._map(collection, server_wide)
-        with self._mapped_lock:
-            self._mapped = (collection, server_wide, samples)
-        return samples
+            cached = mapped is not None and mapped[0] is collection and mapped[1] == server_wide
+        if cached:
+            assert mapped is not None
+            samples = mapped[2]
+        else:
+            samples = self._map(collection, server_wide)
+            with self._mapped_lock:
+                self._mapped = (collection, server_wide, samples)
+        if self._server_log is None:
+            return samples
+        return samples + self._server_log.samples()
 
     def _map(self, collection: Collection, server_wide: bool) -> list[Sample]:
         reader = self.server.reader()
@@ -165,6 +184,8 @@ class Target:
 
     def close(self) -> None:
         """No longer served: a configured target closes its server (and its connection)."""
+        if self._server_log is not None:
+            self._server_log.close()
         self.server.detach(self)
         if self._owns_server:
             self.server.close()

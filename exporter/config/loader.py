@@ -16,6 +16,7 @@ from pg_advisory_exporter.config.model import (
     AuthModuleConfig,
     CollectionSettings,
     FileConfig,
+    ServerLogSettings,
     ShardConfig,
     TargetConfig,
 )
@@ -107,6 +108,12 @@ def load(flags: Mapping[str, object]) -> Config:
     sources = _sources(flags)
     settings = settings_from(*sources)
     file = _file(settings, sources[2].file)
+    given_log = origin(sources, ("server_log",))
+    if given_log is not None and sources[2].file is not None:
+        raise ConfigError(
+            f"{given_log}: the server_log flags and variables are the default target's (with "
+            "--dsn); in a configuration file, give each target its own server_log block"
+        )
 
     def shard_origin(name: str) -> str:
         given = origin(sources, ("shard", name))
@@ -124,6 +131,7 @@ def load(flags: Mapping[str, object]) -> Config:
                 **_over_top_level(file, defaults, target),
                 poolers=target.poolers,
                 locks_page=file.locks_page.model_copy(update=_given(target.locks_page)),
+                server_log=target.server_log if _reads_log(target.server_log) else None,
             )
             for target in file.targets
         ),
@@ -146,6 +154,10 @@ def load(flags: Mapping[str, object]) -> Config:
     )
 
 
+def _reads_log(settings: ServerLogSettings | None) -> bool:
+    return settings is not None and settings.path is not None
+
+
 def _file(settings: Settings, read: FileConfig | None) -> FileConfig:
     """The file read, or the one target of the DSN; ConfigError if both or neither."""
     if settings.config.file is not None and settings.dsn is not None:
@@ -156,7 +168,8 @@ def _file(settings: Settings, read: FileConfig | None) -> FileConfig:
     if read is not None:
         return read
     if settings.dsn is not None:
-        return FileConfig(targets=(TargetConfig(name=DEFAULT_TARGET, dsn=settings.dsn),))
+        target = TargetConfig(name=DEFAULT_TARGET, dsn=settings.dsn, server_log=settings.server_log)
+        return FileConfig(targets=(target,))
     raise ConfigError(
         f"no server to watch: give --dsn or --config.file, or set {ENV_PREFIX}DSN or "
         "DATA_SOURCE_NAME"

@@ -233,6 +233,28 @@ class LocksPageSettings(Strict):
     reuse_for: Interval = 5.0
 
 
+ServerLogFormat = Literal["jsonlog", "csvlog", "stderr"]
+
+
+class ServerLogSettings(Strict):
+    """Where the server's own log is and how it is written (`server_log`; `log` is the
+    exporter's own logging): read to count what happens between two scrapes."""
+
+    path: Path | None = Field(
+        default=None,
+        description="the server's log file, or its log_directory, whose newest file of the "
+        "format is followed (no log is read without it)",
+    )
+    format: ServerLogFormat = Field(
+        default="stderr", description="the server's log_destination: jsonlog, csvlog or stderr"
+    )
+    line_prefix: str = Field(
+        default="%m [%p] ",
+        description="the server's log_line_prefix, for the stderr format: database, "
+        "application and process are read where it gives them (%d, %a, %p)",
+    )
+
+
 class TargetConfig(Strict):
     """One PostgreSQL server to watch, as the file gives it: what it leaves out comes from
     the file's top level, the variables and the flags (load() makes a TargetSettings)."""
@@ -249,6 +271,7 @@ class TargetConfig(Strict):
     poolers: tuple[PoolerConfig, ...] = ()
     # Only the fields given count, over the file's top-level locks_page.
     locks_page: LocksPageSettings = LocksPageSettings()
+    server_log: ServerLogSettings | None = None  # the server's own log, if it is read
 
     @model_validator(mode="after")
     def _one_password_source(self) -> TargetConfig:
@@ -258,7 +281,7 @@ class TargetConfig(Strict):
     @field_validator("poolers")
     @classmethod
     def _unique_poolers(cls, poolers: tuple[PoolerConfig, ...]) -> tuple[PoolerConfig, ...]:
-        _check_unique("pooler", [pooler.name for pooler in poolers])
+        _check_unique("pooler name", [pooler.name for pooler in poolers])
         return poolers
 
 
@@ -347,7 +370,7 @@ def _check_unique(what: str, names: Sequence[str]) -> None:
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise ValueError(f"{what} name {name!r} is used twice")
+            raise ValueError(f"{what} {name!r} is used twice")
         seen.add(name)
 
 
@@ -440,5 +463,12 @@ class FileConfig(Strict):
     @field_validator("targets")
     @classmethod
     def _unique_names(cls, targets: tuple[TargetConfig, ...]) -> tuple[TargetConfig, ...]:
-        _check_unique("target", [target.name for target in targets])
+        _check_unique("target name", [target.name for target in targets])
+        # Two targets counting one log would count each event twice.
+        logs = [
+            f"{target.server_log.path} ({target.server_log.format})"
+            for target in targets
+            if target.server_log is not None and target.server_log.path is not None
+        ]
+        _check_unique("server_log", logs)
         return targets

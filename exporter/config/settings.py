@@ -19,6 +19,7 @@ from pg_advisory_exporter.config.model import (
     LocksPageSettings,
     LogConfig,
     PoolerConfig,
+    ServerLogSettings,
     TargetConfig,
     WebConfig,
 )
@@ -45,6 +46,7 @@ class TargetSettings(Strict):
     catalog: CatalogChoice
     poolers: tuple[PoolerConfig, ...] = ()
     locks_page: LocksPageSettings = LocksPageSettings()
+    server_log: ServerLogSettings | None = None  # None: the server's log is not read
 
     def conninfo(self) -> str:
         """The DSN with the password from password_file, read now so that rotation works."""

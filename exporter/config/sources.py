@@ -28,6 +28,7 @@ from pg_advisory_exporter.config.model import (
     FileConfig,
     FileOnly,
     LogConfig,
+    ServerLogSettings,
     ShardConfig,
     Spelled,
     WebConfig,
@@ -74,6 +75,8 @@ class Settings(BaseSettings):
     log: LogConfig = LogConfig()
     collection: CollectionSettings = CollectionSettings()
     shard: ShardConfig = ShardConfig()
+    # The default target's (--dsn): in a file, each target has its own.
+    server_log: ServerLogSettings = ServerLogSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -97,6 +100,7 @@ _VARIABLE_INFIX = {
     "log": "log_",
     "collection": "",
     "shard": "shard_",
+    "server_log": "server_log_",
 }
 # postgres_exporter's variable, so that its deployments keep working.
 _DSN_VARIABLES = (f"{ENV_PREFIX}DSN", "DATA_SOURCE_NAME")

@@ -105,6 +105,11 @@ spec:
           mountPath: {{ include "pg-advisory-exporter.webDir" . }}
           readOnly: true
         {{- end }}
+        {{- if .Values.serverLog.volume }}
+        - name: server-log
+          mountPath: {{ .Values.serverLog.mountPath }}
+          readOnly: true
+        {{- end }}
         {{- with .Values.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -143,6 +148,10 @@ spec:
         secretName: {{ . }}
         defaultMode: 288  # 0440: the owner and the pod's fsGroup
         optional: false
+    {{- end }}
+    {{- with .Values.serverLog.volume }}
+    - name: server-log
+      {{- toYaml . | nindent 6 }}
     {{- end }}
     {{- with .Values.extraVolumes }}
     {{- toYaml . | nindent 4 }}

@@ -1,0 +1,181 @@
+"""A target's server log, read between scrapes: a thread follows it, finds the advisory-lock
+events in its records and counts them; the counts are series of the target."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from pg_advisory_exporter import logs
+from pg_advisory_exporter.config.model import ServerLogSettings
+from pg_advisory_exporter.keys.appnames import OTHER, RewriteRule, rewrite
+from pg_advisory_exporter.keys.registry import Registry
+from pg_advisory_exporter.metrics import Sample
+from pg_advisory_exporter.serverlog import events
+from pg_advisory_exporter.serverlog.follower import Follower, Status
+from pg_advisory_exporter.serverlog.records import parser
+
+log = logs.named("target")
+
+# Seconds between two reads of a log that had nothing new; a log that has more is read on
+# at once, a chunk at a time, so a burst is caught up with as fast as it can be parsed.
+POLL = 1.0
+# The files each format makes in the server's log_directory.
+SUFFIXES = {"jsonlog": ".json", "csvlog": ".csv", "stderr": ".log"}
+# What a record does not say (a format without the database, say).
+UNKNOWN = "unknown"
+# The waits logged as begun and not yet as ended, whose repeated "still waiting" (a waiter
+# woken before its lock is granted logs it again) is not another wait; the oldest forgotten
+# past this many.
+_OPEN_WAITS = 10_000
+
+# The counter each event adds to; waits by key too.
+_COUNTERS = {
+    events.Kind.UNLOCK_NOT_HELD: "pg_advisory_log_unlocks_not_held_total",
+    events.Kind.OUT_OF_SHARED_MEMORY: "pg_advisory_log_out_of_shared_memory_total",
+    events.Kind.DEADLOCK: "pg_advisory_log_deadlocks_total",
+    events.Kind.LOCK_WAIT: "pg_advisory_log_lock_waits_total",
+    events.Kind.LOCK_WAIT_ENDED: "pg_advisory_log_lock_wait_seconds_total",
+}
+_BY_KEY = frozenset({events.Kind.LOCK_WAIT, events.Kind.LOCK_WAIT_ENDED})
+
+
+class StableLabels:
+    """Label values as they come, up to `limit` distinct, then OTHER for every new one,
+    for good: a counter's label set must never change under it, and nothing a log line says
+    can raise the series' cardinality past the cap."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._kept: set[str] = set()
+
+    def label(self, value: str) -> str:
+        if value in self._kept:
+            return value
+        if len(self._kept) < self._limit:
+            self._kept.add(value)
+            return value
+        return OTHER
+
+
+class ServerLog:
+    """One target's server log: followed on a thread of its own from its end (counters start
+    at zero), its events counted by database, application_name (rewritten and capped as the
+    snapshot's series are) and, for waits, the registry's key name ("" for a key it lacks)."""
+
+    def __init__(
+        self,
+        target: str,
+        settings: ServerLogSettings,
+        rules: Sequence[RewriteRule],
+        limit: int,
+        registry: Callable[[], Registry],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        assert settings.path is not None, "a server log is read where it has a path"
+        self._target = target
+        self._rules = rules
+        self._registry = registry
+        self._follower = Follower(settings.path, suffix=SUFFIXES[settings.format], clock=clock)
+        self._parser = parser(settings.format, settings.line_prefix)
+        self._applications = StableLabels(limit)
+        self._databases = StableLabels(limit)
+        self._lock = threading.Lock()  # guards the counts, read by scrapes
+        self._counts: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+        self._open_waits: dict[tuple[int | None, events.LockTag | None], None] = {}
+        self._lines = 0
+        self._unparsed = 0
+        self._said = logs.Changes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"server-log {target}", daemon=True)
+        self._thread.start()
+
+    def samples(self) -> list[Sample]:
+        """The counts, and whether the log can be read."""
+        status = self._follower.status()
+        name = (self._target,)
+        with self._lock:
+            samples = [
+                Sample("pg_advisory_log_up", name, status.readable),
+                Sample("pg_advisory_log_lines_total", name, self._lines),
+                Sample("pg_advisory_log_unparsed_lines_total", name, self._unparsed),
+            ]
+            samples += [Sample(metric, labels, v) for (metric, labels), v in self._counts.items()]
+        return samples
+
+    def close(self) -> None:
+        self._stop.set()
+        self._follower.close()
+
+    def read(self) -> int:
+        """Read what is new in the log, once; the lines read (tests call it directly)."""
+        lines = self._follower.lines()
+        records = [found for line in lines for found in self._parser.feed(line)]
+        if not lines:
+            records += self._parser.flush()  # a quiet log: its last record is complete
+        found = [e for e in map(events.event, records) if e is not None]
+        with self._lock:
+            self._lines += len(lines)
+            self._unparsed = self._parser.unparsed
+            for event in found:
+                self._count(event)
+        self._say(self._follower.status())
+        return len(lines)
+
+    def _count(self, event: events.Event) -> None:
+        """With the lock held: add one event to its counter."""
+        given = event.application_name
+        application = UNKNOWN if given is None else rewrite(given, self._rules)
+        database = event.database or UNKNOWN
+        labels: tuple[str, ...] = (
+            self._target,
+            self._databases.label(database),
+            self._applications.label(application),
+        )
+        if event.kind in _BY_KEY:
+            labels += (self._key_name(event, database),)
+        wait = (event.pid, event.lock)
+        if event.kind is events.Kind.LOCK_WAIT_ENDED:
+            self._open_waits.pop(wait, None)
+            self._counts[_COUNTERS[event.kind], labels] += event.seconds or 0.0
+            return
+        if event.kind is events.Kind.LOCK_WAIT:
+            if wait in self._open_waits:
+                return
+            self._open_waits[wait] = None
+            if len(self._open_waits) > _OPEN_WAITS:
+                del self._open_waits[next(iter(self._open_waits))]
+        self._counts[_COUNTERS[event.kind], labels] += 1
+
+    def _key_name(self, event: events.Event, database: str) -> str:
+        """The registry's name of the awaited key ("" where it has none)."""
+        if event.lock is None:
+            return ""
+        tag = event.lock
+        key = self._registry().lookup(tag.objsubid, tag.classid, tag.objid, database)
+        return "" if key is None else key.name
+
+    def _say(self, status: Status) -> None:
+        """A line when the log becomes readable or not, not at every read."""
+        error = status.error
+        if not self._said.changed("server log", error):
+            return
+        if error is None:
+            log.info("reading the server's log", extra={"target": self._target})
+        else:
+            log.warning(
+                "cannot read the server's log", extra={"target": self._target, "error": error}
+            )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                read = self.read()
+            except Exception:  # a bug must not end the reading for good, nor the exporter
+                log.exception("reading the server's log failed", extra={"target": self._target})
+                read = 0
+            if not read:
+                self._stop.wait(POLL)

@@ -1,0 +1,161 @@
+"""The server's own log, read between scrapes: a real server writes every format at once
+(stderr, csvlog, and jsonlog from 15), a target reads each, and each counts what happened
+between two scrapes alike. On every version: the messages' wording is the server's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from log_events import DEADLOCKER, FILLER, UNLOCKER, WAITED_KEY, WAITER, every_event
+from support import PG_MAJOR, SUITE_LOG_PREFIX, Config, Scrape, StartExporter
+
+from devtools.embedded_postgres import EmbeddedPostgres
+
+FORMATS = ("stderr", "csvlog", "jsonlog") if PG_MAJOR >= 15 else ("stderr", "csvlog")
+EVENTS = (
+    "pg_advisory_log_unlocks_not_held_total",
+    "pg_advisory_log_out_of_shared_memory_total",
+    "pg_advisory_log_deadlocks_total",
+    "pg_advisory_log_lock_waits_total",
+    "pg_advisory_log_lock_wait_seconds_total",
+)
+
+
+@pytest.fixture
+def logging_server() -> Iterator[EmbeddedPostgres]:
+    """A server with the settings docs/server-log.md asks for, a small lock table, and every
+    statement logged (multi-line ones too: lines the parsers must all read)."""
+    server = EmbeddedPostgres(major=PG_MAJOR)
+    try:
+        server.start(
+            logging_collector="on",
+            log_destination=",".join(FORMATS),
+            log_line_prefix=SUITE_LOG_PREFIX,
+            lc_messages="C",
+            log_lock_waits="on",
+            deadlock_timeout="200ms",
+            log_statement="all",
+            max_connections=20,
+            max_locks_per_transaction=10,
+            autovacuum="off",  # no worker of its own to fail while the table is full
+        )
+        yield server
+    finally:
+        server.cleanup()
+
+
+def _config(server: EmbeddedPostgres) -> Config:
+    """A target per format, all of this server, each reading its log_directory."""
+    directory = server.datadir / "log"
+    return {
+        "targets": [
+            {
+                "name": log_format,
+                "dsn": server.dsn(),
+                "server_log": {
+                    "path": str(directory),
+                    "format": log_format,
+                    "line_prefix": SUITE_LOG_PREFIX,
+                },
+            }
+            for log_format in FORMATS
+        ],
+        "keys": [{"name": "nightly_report", "key": WAITED_KEY}],
+    }
+
+
+def _counts(scrape: Scrape, target: str) -> dict[tuple[str, str, str], float]:
+    """The events a target counted: (series, application, key) to value, the seconds
+    rounded to whether there were any."""
+    counts = {}
+    for metric in EVENTS:
+        for labels, value in scrape.find(metric, target=target):
+            assert labels["datname"] == "postgres"
+            seconds = metric.endswith("_seconds_total")
+            counts[metric, labels["application_name"], labels.get("key", "-")] = (
+                float(value > 0) if seconds else value
+            )
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.pg  # starts its own server, logging as no other test's does
+def test_each_format_counts_what_happened_between_scrapes(
+    logging_server: EmbeddedPostgres, start_exporter: StartExporter
+) -> None:
+    exporter = start_exporter(config=_config(logging_server))
+    exporter.scrape_until(
+        lambda s: all(s.value("pg_advisory_log_up", target=f) == 1 for f in FORMATS)
+    )
+    with logging_server.connect() as conn:
+        # A wait for a row, not an advisory lock: logged, and not counted.
+        conn.execute("CREATE TABLE jobs (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO jobs VALUES (1)")
+    dsn = logging_server.dsn()
+    with psycopg.connect(dsn, application_name="row-holder") as holder:
+        holder.execute("SELECT * FROM jobs FOR UPDATE")
+        with psycopg.connect(dsn, application_name="row-waiter") as waiter:
+            waiter.execute("SET lock_timeout = '400ms'")  # logged as waiting at 200ms
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                waiter.execute("SELECT * FROM jobs FOR UPDATE")
+        holder.rollback()
+    every_event(dsn)
+    # The server moves to new files: what it writes there is counted too.
+    with logging_server.connect() as conn:
+        conn.execute("SELECT pg_rotate_logfile()")
+        conn.execute("SELECT\n  pg_advisory_unlock(\n    1)")  # and a statement of 3 lines
+
+    expected = {
+        ("pg_advisory_log_unlocks_not_held_total", UNLOCKER, "-"): 1,
+        ("pg_advisory_log_unlocks_not_held_total", "embedded-postgres", "-"): 1,
+        ("pg_advisory_log_out_of_shared_memory_total", FILLER, "-"): 1,
+        ("pg_advisory_log_deadlocks_total", DEADLOCKER, "-"): 1,
+        # The deadlock's survivor waited past deadlock_timeout, and then got its lock.
+        ("pg_advisory_log_lock_waits_total", DEADLOCKER, ""): 1,
+        ("pg_advisory_log_lock_wait_seconds_total", DEADLOCKER, ""): 1,
+        ("pg_advisory_log_lock_waits_total", WAITER, "nightly_report"): 1,
+        ("pg_advisory_log_lock_wait_seconds_total", WAITER, "nightly_report"): 1,
+    }
+    scrape = exporter.scrape_until(lambda s: all(_counts(s, f) == expected for f in FORMATS))
+    for log_format in FORMATS:
+        assert scrape.value("pg_advisory_log_up", target=log_format) == 1
+        assert scrape.value("pg_advisory_log_lines_total", target=log_format) > 20
+        # Every line the server wrote is a record the exporter could read.
+        assert scrape.value("pg_advisory_log_unparsed_lines_total", target=log_format) == 0
+        waited = scrape.value(
+            "pg_advisory_log_lock_wait_seconds_total", target=log_format, key="nightly_report"
+        )
+        assert 0.5 <= waited < 10, waited
+    assert "cannot read the server's log" not in exporter.log()
+
+
+def test_a_missing_log_is_reported_and_read_once_there(
+    tmp_path: Path, start_exporter: StartExporter
+) -> None:
+    path = tmp_path / "postgresql.log"
+    config: Config = {
+        "targets": [
+            {
+                "name": "main",
+                "dsn": "host=127.0.0.1 port=1 user=monitor dbname=postgres",
+                "server_log": {"path": str(path), "line_prefix": SUITE_LOG_PREFIX},
+            }
+        ]
+    }
+    exporter = start_exporter(config=config)
+    assert exporter.scrape().value("pg_advisory_log_up", target="main") == 0
+    path.write_text(
+        "2026-12-01 10:00:00.000 UTC [7] 01000 app@orders cron WARNING:  "
+        "you don't own a lock of type ExclusiveLock\n"
+    )
+    scrape = exporter.scrape_until(
+        lambda s: bool(s.find("pg_advisory_log_unlocks_not_held_total", target="main"))
+    )
+    assert scrape.value("pg_advisory_log_up", target="main") == 1
+    assert scrape.value(
+        "pg_advisory_log_unlocks_not_held_total", datname="orders", application_name="cron"
+    ) == 1
+    assert exporter.log().count("cannot read the server's log") == 1
