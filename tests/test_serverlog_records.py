@@ -21,6 +21,7 @@ from pg_advisory_exporter.serverlog.records import (
     MAX_RECORD_LINES,
     TOO_LONG,
     CsvlogParser,
+    Format,
     JsonlogParser,
     Parser,
     Record,
@@ -501,6 +502,38 @@ def test_stderr_invalid_utf8_and_nul() -> None:
     line = b"2026-12-01 23:37:00.123 UTC [77] LOG:  caf\xc3\xa9 \xff\x00 end"
     (record,) = read(parser("stderr"), [line])
     assert record.message == "caf\u00e9 \ufffd\x00 end"
+
+
+AT = b"2026-12-01 23:37:00.123 UTC [7] "
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("fmt", "line"),
+    [
+        ("stderr", AT + b"@/ " * 350_000),  # ways to split it among %u, %d and %a
+        ("stderr", AT + b"a@b/c 00000 LOG:  " + b"LOG:  " * 170_000),
+        (
+            "stderr",
+            AT
+            + b"a@b/c 00000 LOG:  process 1 still waiting for ShareLock on "
+            + b"x after 1.000 ms" * 60_000,
+        ),
+        ("csvlog", b'"' * 1_000_000),
+        ("csvlog", b"2026-12-01 23:37:00.123 UTC," + b'"",' * 300_000),
+        ("jsonlog", b"[" * 1_000_000),
+        ("jsonlog", b'{"a":' * 200_000),
+    ],
+)
+def test_a_megabyte_line_built_against_the_parser_reads_at_once(fmt: Format, line: bytes) -> None:
+    """What the follower hands on under its maximum length: read in one pass, whatever it
+    holds. (The first line's prefix pattern in Python's re, which backtracks, took 8 s on
+    3,600 bytes of it, and grows with the cube of the length.)"""
+    p = parser(fmt, "%m [%p] %q%u@%d/%a %e ")
+    started = time.perf_counter()
+    records = read(p, [line])
+    assert time.perf_counter() - started < 1.0
+    assert len(records) + p.unparsed == 1
 
 
 def test_parser_refuses_an_unknown_format() -> None:
