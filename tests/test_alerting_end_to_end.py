@@ -263,9 +263,12 @@ def test_a_misplaced_unlock_and_a_full_lock_table_page_from_the_servers_log(
     finally:
         bouncer.cleanup()  # its server connections, and the lock stranded on one, end
     assert (unlock["labels"]["severity"], full["labels"]["severity"]) == ("warning", "critical")
-    where = ("target", "datname", "application_name")
-    assert tuple(unlock["labels"][label] for label in where) == ("orders", "postgres", "nightly-job")
-    assert tuple(full["labels"][label] for label in where) == ("orders", "postgres", "batch-import")
+
+    def where(alert: dict[str, Any]) -> tuple[str, ...]:
+        return tuple(alert["labels"][label] for label in ("target", "datname", "application_name"))
+
+    assert where(unlock) == ("orders", "postgres", "nightly-job")
+    assert where(full) == ("orders", "postgres", "batch-import")
     assert "unlocked an advisory lock it did not hold" in unlock["annotations"]["description"]
     assert full["annotations"]["runbook_url"].endswith("#pglocktableoutofsharedmemory")
     # One problem, one page: a few evaluations later, still one alert of each.

@@ -35,6 +35,8 @@ CONTRACT_ALERTS = {
     "PgAdvisoryKeyHeldTooLong",
     "PgAdvisoryMigrationLockStuck",
     "PgAdvisorySessionLockInTransactionPool",
+    "PgAdvisoryUnlockNotHeld",
+    "PgLockTableOutOfSharedMemory",
 }
 
 

@@ -9,7 +9,15 @@ import typing
 from pathlib import Path
 
 import pytest
-from support import EXAMPLE_DSN, REFUSED_DSN, Cli, Config, load_config_file, write_config
+from support import (
+    EXAMPLE_DSN,
+    REFUSED_DSN,
+    Cli,
+    Config,
+    load_config,
+    load_config_file,
+    write_config,
+)
 
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.config.loader import load
@@ -457,10 +465,54 @@ def test_the_runtime_gets_every_setting_resolved(tmp_path: Path) -> None:
     assert (target.collection.min_interval, target.collection.statement_timeout) == (60, 2)
     assert target.catalog is False
     assert (target.locks_page.query_text, target.locks_page.reuse_for) == (True, 1)
-    # Only "no password file" may be absent: anything else optional would be left to assert.
+    # Only "no password file" and "no server log" may be absent: anything else optional
+    # would be left to assert.
     optional = {
         name
         for name, field in TargetSettings.model_fields.items()
         if type(None) in typing.get_args(field.annotation)
     }
-    assert optional == {"password_file"}
+    assert optional == {"password_file", "server_log"}
+
+
+def test_the_default_target_reads_the_server_log_the_flags_give(tmp_path: Path) -> None:
+    (target,) = load(
+        {"dsn": EXAMPLE_DSN, "server_log_path": str(tmp_path), "server_log_format": "csvlog"}
+    ).targets
+    assert target.server_log is not None
+    assert (target.server_log.path, target.server_log.format) == (tmp_path, "csvlog")
+    assert target.server_log.line_prefix == "%m [%p] "
+    # Without a path no log is read, whatever else is given.
+    (target,) = load({"dsn": EXAMPLE_DSN, "server_log_format": "csvlog"}).targets
+    assert target.server_log is None
+
+
+def test_a_file_gives_each_target_its_own_server_log(tmp_path: Path) -> None:
+    document: Config = {
+        "targets": [
+            {"name": "a", "dsn": EXAMPLE_DSN, "server_log": {"path": "/var/log/a"}},
+            {"name": "b", "dsn": EXAMPLE_DSN, "server_log": {"format": "jsonlog"}},
+        ]
+    }
+    a, b = load_config(tmp_path, document).targets
+    assert a.server_log is not None and a.server_log.path == Path("/var/log/a")
+    assert b.server_log is None
+    with pytest.raises(ConfigError, match=r"--server-log.path: .*give each target its own"):
+        load_config(tmp_path, document, server_log_path="/var/log/c")
+
+
+def test_one_server_log_is_read_by_one_target(tmp_path: Path) -> None:
+    log = {"path": "/var/log/postgresql", "format": "csvlog"}
+    document: Config = {
+        "targets": [
+            {"name": "a", "dsn": EXAMPLE_DSN, "server_log": log},
+            {"name": "b", "dsn": EXAMPLE_DSN, "server_log": {**log, "format": "stderr"}},
+        ]
+    }
+    assert len(load_config(tmp_path, document).targets) == 2  # other files of one folder
+    document["targets"].append({"name": "c", "dsn": EXAMPLE_DSN, "server_log": log})
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("targets: server_log '/var/log/postgresql (csvlog)' is used twice"),
+    ):
+        load_config(tmp_path, document)

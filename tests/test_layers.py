@@ -32,6 +32,9 @@ def copy(tmp_path: Path) -> Path:
         ("keys/catalog.py", "from pg_advisory_exporter.fleet import sharding", "Package layers"),
         # The words under the pooler reads, as they once were the other way round.
         ("collect/vocabulary.py", "from . import poolers", "Collection layers"),
+        # The server log's records under the prefix; the server log under the configuration.
+        ("serverlog/prefix.py", "from . import records", "Server log layers"),
+        ("serverlog/records.py", "from pg_advisory_exporter.config import model", "Package layers"),
         # The package importing the development tools.
         ("report.py", "import devtools.demo", "No development tools"),
     ],

@@ -113,8 +113,9 @@ def test_each_format_counts_what_happened_between_scrapes(
         ("pg_advisory_log_unlocks_not_held_total", "embedded-postgres", "-"): 1,
         ("pg_advisory_log_out_of_shared_memory_total", FILLER, "-"): 1,
         ("pg_advisory_log_deadlocks_total", DEADLOCKER, "-"): 1,
-        # The deadlock's survivor waited past deadlock_timeout, and then got its lock.
-        ("pg_advisory_log_lock_waits_total", DEADLOCKER, ""): 1,
+        # Both sessions of the deadlock waited past deadlock_timeout: the survivor logs its
+        # wait and then that it got its lock, the victim only that it found the deadlock.
+        ("pg_advisory_log_lock_waits_total", DEADLOCKER, ""): 2,
         ("pg_advisory_log_lock_wait_seconds_total", DEADLOCKER, ""): 1,
         ("pg_advisory_log_lock_waits_total", WAITER, "nightly_report"): 1,
         ("pg_advisory_log_lock_wait_seconds_total", WAITER, "nightly_report"): 1,
@@ -155,7 +156,10 @@ def test_a_missing_log_is_reported_and_read_once_there(
         lambda s: bool(s.find("pg_advisory_log_unlocks_not_held_total", target="main"))
     )
     assert scrape.value("pg_advisory_log_up", target="main") == 1
-    assert scrape.value(
-        "pg_advisory_log_unlocks_not_held_total", datname="orders", application_name="cron"
-    ) == 1
+    assert (
+        scrape.value(
+            "pg_advisory_log_unlocks_not_held_total", datname="orders", application_name="cron"
+        )
+        == 1
+    )
     assert exporter.log().count("cannot read the server's log") == 1

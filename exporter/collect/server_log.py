@@ -116,17 +116,19 @@ class ServerLog:
         records = [found for line in lines for found in self._parser.feed(line)]
         if not lines:
             records += self._parser.flush()  # a quiet log: its last record is complete
-        found = [e for e in map(events.event, records) if e is not None]
+        found = [(event, record.pid) for record in records for event in events.events(record)]
         with self._lock:
             self._lines += len(lines)
             self._unparsed = self._parser.unparsed
-            for event in found:
-                self._count(event)
+            for event, pid in found:
+                self._count(event, pid)
         self._say(self._follower.status())
         return len(lines)
 
-    def _count(self, event: events.Event) -> None:
-        """With the lock held: add one event to its counter."""
+    def _count(self, event: events.Event, pid: int | None) -> None:
+        """With the lock held: add one event to its counter. A wait counts once, at the first
+        of its lines seen: its beginning, or its end where the beginning came before the
+        exporter started (or the victim of a deadlock, which logs only its end)."""
         given = event.application_name
         application = UNKNOWN if given is None else rewrite(given, self._rules)
         database = event.database or UNKNOWN
@@ -137,18 +139,20 @@ class ServerLog:
         )
         if event.kind in _BY_KEY:
             labels += (self._key_name(event, database),)
-        wait = (event.pid, event.lock)
+        if event.kind not in _BY_KEY:
+            self._counts[_COUNTERS[event.kind], labels] += 1
+            return
+        wait = (pid, event.lock)
+        begun = wait in self._open_waits
         if event.kind is events.Kind.LOCK_WAIT_ENDED:
             self._open_waits.pop(wait, None)
             self._counts[_COUNTERS[event.kind], labels] += event.seconds or 0.0
-            return
-        if event.kind is events.Kind.LOCK_WAIT:
-            if wait in self._open_waits:
-                return
+        elif not begun:
             self._open_waits[wait] = None
             if len(self._open_waits) > _OPEN_WAITS:
                 del self._open_waits[next(iter(self._open_waits))]
-        self._counts[_COUNTERS[event.kind], labels] += 1
+        if not begun:
+            self._counts[_COUNTERS[events.Kind.LOCK_WAIT], labels] += 1
 
     def _key_name(self, event: events.Event, database: str) -> str:
         """The registry's name of the awaited key ("" where it has none)."""

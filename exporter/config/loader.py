@@ -108,7 +108,14 @@ def load(flags: Mapping[str, object]) -> Config:
     sources = _sources(flags)
     settings = settings_from(*sources)
     file = _file(settings, sources[2].file)
-    given_log = origin(sources, ("server_log",))
+    given_log = next(
+        (
+            given
+            for name in ServerLogSettings.model_fields
+            if (given := origin(sources, ("server_log", name))) is not None
+        ),
+        None,
+    )
     if given_log is not None and sources[2].file is not None:
         raise ConfigError(
             f"{given_log}: the server_log flags and variables are the default target's (with "

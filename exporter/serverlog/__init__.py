@@ -1,2 +1,3 @@
-"""Reading the PostgreSQL server's own log: following its files, parsing its records, finding the
-advisory-lock events in them."""
+"""Reading the PostgreSQL server's own log, for what a snapshot of pg_locks cannot see:
+following its files, its lines into records (one parser per log_destination format), the
+records into advisory lock events."""
