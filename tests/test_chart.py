@@ -1117,6 +1117,11 @@ def test_pass_through_values_reach_the_pod() -> None:
     assert template["labels"]["team"] == "dba"
     assert template["annotations"]["example.com/owner"] == "dba"
     assert only(documents, "Deployment")["spec"]["replicas"] == 2
+    # The servers' logs: the volume given, read-only where the targets' server_log say.
+    (volume,) = (v for v in pod["volumes"] if v["name"] == "server-log")
+    assert volume["persistentVolumeClaim"] == values["serverLog"]["volume"]["persistentVolumeClaim"]
+    (mount,) = (m for m in container["volumeMounts"] if m["name"] == "server-log")
+    assert mount == {"name": "server-log", "mountPath": "/var/log/postgresql", "readOnly": True}
 
 
 def read_chart_flags(args: list[str]) -> Settings:

@@ -495,7 +495,8 @@ def test_a_file_gives_each_target_its_own_server_log(tmp_path: Path) -> None:
         ]
     }
     a, b = load_config(tmp_path, document).targets
-    assert a.server_log is not None and a.server_log.path == Path("/var/log/a")
+    assert a.server_log is not None
+    assert a.server_log.path == Path("/var/log/a")
     assert b.server_log is None
     with pytest.raises(ConfigError, match=r"--server-log.path: .*give each target its own"):
         load_config(tmp_path, document, server_log_path="/var/log/c")

@@ -4,15 +4,25 @@ between two scrapes alike. On every version: the messages' wording is the server
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from log_events import DEADLOCKER, FILLER, UNLOCKER, WAITED_KEY, WAITER, every_event
-from support import PG_MAJOR, SUITE_LOG_PREFIX, Config, Scrape, StartExporter
+from support import (
+    PG_MAJOR,
+    REFUSED_DSN,
+    SUITE_LOG_PREFIX,
+    Config,
+    RunningExporter,
+    Scrape,
+    StartExporter,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.keys.appnames import OTHER
 
 FORMATS = ("stderr", "csvlog", "jsonlog") if PG_MAJOR >= 15 else ("stderr", "csvlog")
 EVENTS = (
@@ -133,20 +143,20 @@ def test_each_format_counts_what_happened_between_scrapes(
     assert "cannot read the server's log" not in exporter.log()
 
 
+def _reading(path: Path, start_exporter: StartExporter) -> RunningExporter:
+    """An exporter whose one target reads the log at `path` (its server is down: the log
+    is read all the same)."""
+    server_log = {"path": str(path), "line_prefix": SUITE_LOG_PREFIX}
+    return start_exporter(
+        config={"targets": [{"name": "main", "dsn": REFUSED_DSN, "server_log": server_log}]}
+    )
+
+
 def test_a_missing_log_is_reported_and_read_once_there(
     tmp_path: Path, start_exporter: StartExporter
 ) -> None:
     path = tmp_path / "postgresql.log"
-    config: Config = {
-        "targets": [
-            {
-                "name": "main",
-                "dsn": "host=127.0.0.1 port=1 user=monitor dbname=postgres",
-                "server_log": {"path": str(path), "line_prefix": SUITE_LOG_PREFIX},
-            }
-        ]
-    }
-    exporter = start_exporter(config=config)
+    exporter = _reading(path, start_exporter)
     assert exporter.scrape().value("pg_advisory_log_up", target="main") == 0
     path.write_text(
         "2026-12-01 10:00:00.000 UTC [7] 01000 app@orders cron WARNING:  "
@@ -163,3 +173,66 @@ def test_a_missing_log_is_reported_and_read_once_there(
         == 1
     )
     assert exporter.log().count("cannot read the server's log") == 1
+
+
+def _peak_rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    [line] = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(line.split()[1]) / 1024
+
+
+HOSTILE_APPLICATIONS, NOISE, HUGE, GARBAGE = 5_000, 100_000, 20, 1_000
+
+
+def _hostile_log() -> tuple[bytes, int]:
+    """A log as a hostile or broken server could write it, and how many lines it has: unlocks
+    from 5,000 application names, 100,000 ordinary records, lines of a megabyte, bytes that
+    are no text, and a name that imitates the end of the prefix."""
+    prefix = "2026-12-01 10:00:00.000 UTC [7] 01000 app@orders"
+    unlock = "WARNING:  you don't own a lock of type ExclusiveLock"
+    lines = [f"{prefix} app-{i} {unlock}".encode() for i in range(HOSTILE_APPLICATIONS)]
+    lines += [f"{prefix} web LOG:  statement: SELECT {i}".encode() for i in range(NOISE)]
+    for i in range(HUGE):
+        lines.insert(i * 1000, b"A" * (1024 * 1024))
+    for i in range(GARBAGE):
+        lines.insert(i * 100 + 1, b"\xff\xfe\x00\x00 not text \xc3\x28")
+    lines.append(f"{prefix} x {unlock} LOG:  statement: SELECT 1".encode())
+    return b"\n".join(lines) + b"\n", len(lines)
+
+
+@pytest.mark.slow
+def test_a_hostile_log_is_read_in_bounded_memory_while_metrics_answer(
+    tmp_path: Path, start_exporter: StartExporter
+) -> None:
+    path = tmp_path / "postgresql.log"
+    path.write_bytes(b"")
+    exporter = _reading(path, start_exporter)
+    exporter.scrape_until(lambda s: s.value("pg_advisory_log_up", target="main") == 1)
+    before = _peak_rss_mb(exporter.process.pid)
+    data, lines = _hostile_log()
+    with path.open("ab") as log:
+        log.write(data)
+    # While it reads, the exporter answers: its health and its metrics, never stalled.
+    read = 0.0
+    answers = []
+    while read < lines:
+        started = time.monotonic()
+        assert exporter.get("/-/healthy")[0] == 200
+        scrape = exporter.scrape()
+        answers.append(time.monotonic() - started)
+        read = scrape.value("pg_advisory_log_lines_total", target="main")
+    peak = _peak_rss_mb(exporter.process.pid)
+    print(
+        f"{lines} lines ({len(data) / 2**20:.0f} MiB) read; {len(answers)} answers meanwhile, "
+        f"the slowest {max(answers):.2f}s; peak RSS {before:.0f} -> {peak:.0f} MB"
+    )
+    assert read == lines
+    assert max(answers) < 5  # a stall, not a speed: an answer takes milliseconds
+    assert peak - before < 64  # one read (1 MiB) and one line (64 KiB) at a time
+    unlocks = scrape.find("pg_advisory_log_unlocks_not_held_total", target="main")
+    assert sum(value for _, value in unlocks) == HOSTILE_APPLICATIONS  # not the imitation
+    # At most application_name_limit names (100), then __other__ for every later one.
+    assert len(unlocks) == 101
+    assert {labels["application_name"] for labels, _ in unlocks} >= {"app-0", "app-99", OTHER}
+    unparsed = scrape.value("pg_advisory_log_unparsed_lines_total", target="main")
+    assert unparsed == HUGE + GARBAGE + 1
