@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -97,9 +99,9 @@ def _prometheus_and_alertmanager(
     webhook: Webhook,
     start_service: StartService,
     tmp_path: Path,
-) -> None:
+) -> int:
     """Alertmanager with the example configuration, and Prometheus scraping the exporter
-    every second as job pg-advisory with these rules."""
+    every second as job pg-advisory with these rules; Prometheus' port."""
     (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(_alertmanager_config(webhook)))
     alertmanager = start_service(
         "prometheus-alertmanager",
@@ -121,7 +123,13 @@ def _prometheus_and_alertmanager(
             }
         ],
     }
-    start_prometheus(start_service, tmp_path, prometheus_config)
+    return start_prometheus(start_service, tmp_path, prometheus_config)
+
+
+def _has_series(prometheus: int, query: str) -> bool:
+    url = f"http://127.0.0.1:{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return bool(json.load(response)["data"]["result"])
 
 
 @pytest.mark.slow
@@ -229,6 +237,9 @@ def test_a_session_lock_stranded_in_a_transaction_pool_pages_in_a_minute(
         }  # not the leak alert, 15 minutes away
 
 
+WINDOW = "5s"
+
+
 @pytest.mark.slow
 def test_a_misplaced_unlock_and_a_full_lock_table_page_from_the_servers_log(
     pg: EmbeddedPostgres,
@@ -243,9 +254,20 @@ def test_a_misplaced_unlock_and_a_full_lock_table_page_from_the_servers_log(
     config = one_target(monitor_dsn, name="orders")
     config["targets"][0]["server_log"] = {"path": str(pg.logfile), "line_prefix": SUITE_LOG_PREFIX}
     exporter = start_exporter(config=config)
+    # Windows of seconds rather than minutes: a series that appears pages where Prometheus
+    # has read the log for a window already.
     rules = tmp_path / "rules.yml"
-    rules.write_text(cli("rules", "--set", "exporter_job=pg-advisory", check=True).stdout)
-    _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
+    rules.write_text(
+        cli("rules", "--set", "exporter_job=pg-advisory",
+            "--set", f"unlocks_not_held_window={WINDOW}",
+            "--set", f"out_of_shared_memory_window={WINDOW}", check=True).stdout
+    )  # fmt: skip
+    prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
+    wait_until(
+        lambda: _has_series(prometheus, f"pg_advisory_log_up offset {WINDOW}"),
+        30,
+        f"Prometheus reading the log {WINDOW} ago",
+    )
 
     bouncer = PgBouncer(pg, pool_size=2)
     try:
@@ -269,7 +291,7 @@ def test_a_misplaced_unlock_and_a_full_lock_table_page_from_the_servers_log(
 
     assert where(unlock) == ("orders", "postgres", "nightly-job")
     assert where(full) == ("orders", "postgres", "batch-import")
-    assert "unlocked an advisory lock it did not hold" in unlock["annotations"]["description"]
+    assert "unlocked advisory locks they did not hold" in unlock["annotations"]["description"]
     assert full["annotations"]["runbook_url"].endswith("#pglocktableoutofsharedmemory")
     # One problem, one page: a few evaluations later, still one alert of each.
     time.sleep(5)

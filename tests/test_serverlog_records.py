@@ -637,13 +637,13 @@ def _burst() -> list[Line]:
     return cycle
 
 
-def _lines(burst: Sequence[Line], big: Sequence[Line], total: int = 100_000) -> Iterator[Line]:
+def _lines(burst: Sequence[Line], big: Sequence[Line], total: int = 30_000) -> Iterator[Line]:
     yield from big
     yield from itertools.islice(itertools.cycle(burst), total - len(big))
 
 
 def test_a_burst_of_lines_in_bounded_memory() -> None:
-    """100,000 lines, the first a report whose detail goes past the bound (12,000 lines)."""
+    """30,000 lines, the first a report whose detail goes past the bound (12,000 lines)."""
     burst, prefix = _burst(), "2026-12-01 23:37:00.123 UTC [77] app db 00000 "
     big = stderr_report(prefix, "LOG", "big", ("DETAIL", "\n".join(["w" * 100] * 12_000)))
     lines = 0
@@ -657,16 +657,9 @@ def test_a_burst_of_lines_in_bounded_memory() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert lines == 100_000
+    assert lines == 30_000
     assert p.unparsed > 0
-    started = time.perf_counter()
-    p = StderrParser("%m [%p] %q%a %d %e ")
-    for line in _lines(burst, big):
-        p.feed(line)
-    elapsed = time.perf_counter() - started  # untraced: tracemalloc slows allocation
-    rate = lines / elapsed
-    print(f"stderr parser, 100,000 lines: peak {peak / 2**20:.2f} MiB, {rate:,.0f} lines/s")
-    assert peak < 5 * 2**20
+    assert peak < 5 * 2**20, f"peak {peak / 2**20:.2f} MiB"
 
 
 def test_the_parsers_meet_the_protocol() -> None:

@@ -407,11 +407,15 @@ class Alerts:
     def counted(self, metric: str, window: str, threshold: str) -> str:
         """More than `threshold` events of a logged counter within `window`, by holder: those
         of a series that appeared within it too (a counter's series starts with its first
-        event, and increase() needs a sample before it)."""
+        event, and increase() needs a sample before it), where the log was read `window` ago
+        already, so that a Prometheus without that history does not take every series for
+        new. By job and target only: a replaced pod has another instance and pod."""
         counter, by = self.sel(metric), self.by(*_HOLDER)
+        read_before = f"{self.sel('pg_advisory_log_up')} offset {window}"
+        new = f"({counter} unless {counter} offset {window}) and on (job, target) {read_before}"
         return (
             f"sum by {by} (increase({counter}[{window}])) > {threshold} "
-            f"or sum by {by} ({counter} unless {counter} offset {window}) > {threshold}"
+            f"or sum by {by} ({new}) > {threshold}"
         )
 
     def server_log(self) -> list[dict[str, Any]]:
@@ -431,12 +435,12 @@ class Alerts:
                 for_="",
                 severity="warning",
                 summary=f"{_APP} unlocked advisory locks it did not hold",
-                description=f"{_COUNT} times in the last {unlocks}, a session of {_APP} "
-                f"{_WHERE} unlocked an advisory lock it did not hold (the server logged: you "
-                "don't own a lock of type ...). The lock it meant to release is still held "
-                "somewhere, most likely by another connection of a transaction pool; see "
-                "pg_advisory_pooled_session_locks and the holders. Threshold "
-                f"{v.number('unlocks_not_held')}.",
+                description=f"Sessions of {_APP} {_WHERE} unlocked advisory locks they did "
+                f"not hold: {_COUNT} in the last {unlocks} (threshold "
+                f"{v.number('unlocks_not_held')}), as the server logged (you don't own a lock "
+                "of type ...). The lock each meant to release is still held somewhere, most "
+                "likely by another connection of a transaction pool; see "
+                "pg_advisory_pooled_session_locks and the holders.",
             ),
             self.alert(
                 "PgLockTableOutOfSharedMemory",
@@ -445,9 +449,9 @@ class Alerts:
                 severity="critical",
                 summary=f"The lock table of {{{{ $labels.target }}}} was full: {_APP} could "
                 "not take a lock",
-                description=f"{_COUNT} lock requests of {_APP} {_WHERE} failed in the last "
-                f"{oom} because the shared lock table was full (ERROR: out of shared memory, "
-                "a hint to raise max_locks_per_transaction): queries have failed, whatever "
-                "the table holds now. Every lock type shares the table.",
+                description=f"Statements of {_APP} {_WHERE} failed because the shared lock "
+                f"table was full: {_COUNT} in the last {oom}, as the server logged (ERROR: out "
+                "of shared memory, a hint to raise max_locks_per_transaction). Queries have "
+                "failed, whatever the table holds now; every lock type shares it.",
             ),
         ]

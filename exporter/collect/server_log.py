@@ -91,6 +91,9 @@ class ServerLog:
         self._said = logs.Changes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"server-log {target}", daemon=True)
+
+    def start(self) -> None:
+        """Read on a thread of its own from now on (tests call read() instead)."""
         self._thread.start()
 
     def samples(self) -> list[Sample]:
@@ -111,7 +114,8 @@ class ServerLog:
         self._follower.close()
 
     def read(self) -> int:
-        """Read what is new in the log, once; the lines read (tests call it directly)."""
+        """Read what is new in the log, once; the lines read. One caller at a time: the
+        thread start() starts, or a test."""
         lines = self._follower.lines()
         records = [found for line in lines for found in self._parser.feed(line)]
         if not lines:

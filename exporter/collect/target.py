@@ -84,6 +84,8 @@ class Target:
                 lambda: self.server.reader().registry,
             )
         )
+        if self._server_log is not None:
+            self._server_log.start()
         # The series of the last collection mapped, reused by the scrapes that share it.
         self._mapped_lock = threading.Lock()
         self._mapped: tuple[Collection, bool, list[Sample]] | None = None
