@@ -290,6 +290,11 @@ def test_a_misplaced_unlock_and_a_full_lock_table_page_from_the_servers_log(
         return tuple(alert["labels"][label] for label in ("target", "datname", "application_name"))
 
     assert where(unlock) == ("orders", "postgres", "nightly-job")
+    # The exporter counted the one misplaced unlock, and no other.
+    unlocks = exporter.scrape().find("pg_advisory_log_unlocks_not_held_total")
+    assert [(labels["application_name"], value) for labels, value in unlocks] == [
+        ("nightly-job", 1)
+    ]
     assert where(full) == ("orders", "postgres", "batch-import")
     assert "unlocked advisory locks they did not hold" in unlock["annotations"]["description"]
     assert full["annotations"]["runbook_url"].endswith("#pglocktableoutofsharedmemory")
