@@ -14,7 +14,7 @@ WITHOUT_SERVER := not pg
 FIRST_VERSION := pg
 OTHER_VERSIONS := pg and not any_version
 
-.PHONY: demo test lint typecheck unit bench bench-fleet generate image system-packages clean
+.PHONY: demo test lint typecheck unit bench bench-fleet bench-statements generate image system-packages clean
 
 # The folder `exporter/` installs as `pg_advisory_exporter`. A strict editable install links
 # each module under that name where every tool (mypy included) finds it; a new module needs
@@ -110,6 +110,9 @@ bench: $(INSTALLED)
 
 bench-fleet: $(INSTALLED)
 	$(BIN)/python -m benchmarks.fleet_scale
+
+bench-statements: $(INSTALLED)
+	$(BIN)/python -m benchmarks.statements_cost
 
 # The container image, built where images are built (Docker with BuildKit, or podman).
 CONTAINER_TOOL ?= docker

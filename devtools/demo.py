@@ -52,7 +52,11 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2  # as a bad flag, and as the exporter's configuration errors
 BILLING_DB = "billing"
 # A small server, so that the bulk import's 2,000 locks fill a visible share of its lock table.
-SERVER_SETTINGS: dict[str, str | int] = {"max_connections": 40}
+# pg_stat_statements for check's and /locks' risky statements (signup-api keys with hashtext()).
+SERVER_SETTINGS: dict[str, str | int] = {
+    "max_connections": 40,
+    "shared_preload_libraries": "pg_stat_statements",
+}
 SUMMARY_INTERVAL = 5.0
 SCRAPE_TIMEOUT = 10.0
 RETRY_PAUSE = 3.0
@@ -249,7 +253,9 @@ KEYS = (
 
 
 def demo_config(web: WebConfig, dsn: str) -> Config:
-    collection = CollectionSettings(min_interval=2, application_name_rewrites=(POD_SUFFIX,))
+    collection = CollectionSettings(
+        min_interval=2, statements_interval=60, application_name_rewrites=(POD_SUFFIX,)
+    )
     target = TargetSettings(name="demo", dsn=dsn, collection=collection, keys=KEYS, catalog=True)
     return Config(web=web, log=LogConfig(), targets=(target,))
 
@@ -420,6 +426,7 @@ def _run(pg_version: int, web: WebConfig, stop: threading.Event, cleanup: ExitSt
     pg.start(**SERVER_SETTINGS)
     with pg.connect() as conn:
         conn.execute(f"CREATE DATABASE {BILLING_DB}")
+        conn.execute("CREATE EXTENSION pg_stat_statements")
     stage = _Stage(pg, stop)
     cleanup.callback(stage.close)
     for play in PLAYS:

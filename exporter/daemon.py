@@ -158,7 +158,7 @@ class Daemon:
             if kept is not None and kept[0] is target:
                 answers[name] = kept[1]
             else:
-                answers[name] = on_demand(target.config, self._watchdog)
+                answers[name] = on_demand(target.config, self._watchdog, target.statements)
         return answers
 
     def reload(self) -> str | None:

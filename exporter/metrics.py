@@ -92,6 +92,51 @@ SPECS = {
             "The max_locks_per_transaction setting.",
         ),
         MetricSpec(
+            "pg_advisory_dead_client_release_seconds",
+            "gauge",
+            ("target",),
+            "The longest a session idle outside a transaction keeps its (session-level) locks "
+            "once its client's host or network is gone: until the server's TCP keepalives "
+            "give up (tcp_keepalives_*, tcp_user_timeout), or idle_session_timeout ends it.",
+        ),
+        MetricSpec(
+            "pg_advisory_idle_in_transaction_release_seconds",
+            "gauge",
+            ("target",),
+            "The longest a session idle inside a transaction keeps its locks while its client "
+            "sends nothing: idle_in_transaction_session_timeout, +Inf where it is 0.",
+        ),
+        MetricSpec(
+            "pg_advisory_idle_session_holders",
+            "gauge",
+            ("target",),
+            "Backends of the whole server that hold advisory locks outside any transaction "
+            "(session-level locks only): those whose locks a dead client would keep for "
+            "pg_advisory_dead_client_release_seconds.",
+        ),
+        MetricSpec(
+            "pg_advisory_risky_statements",
+            "gauge",
+            ("target", "datname", "rule"),
+            "Statements in pg_stat_statements that break the rule (lock_in_limited_scan, "
+            "lock_in_where, hashtext_key), at its last read; 0 for a rule none breaks.",
+        ),
+        MetricSpec(
+            "pg_advisory_statements_skipped",
+            "gauge",
+            ("target", "reason"),
+            "Statements naming an advisory function that the last read of pg_stat_statements "
+            "did not judge: too_long, unparsable, over_budget (the parse time of a read), "
+            "over_limit (past the statements or bytes a read takes).",
+        ),
+        MetricSpec(
+            "pg_advisory_statements_up",
+            "gauge",
+            ("target",),
+            "1 if pg_stat_statements could be read at the last try, else 0 (not installed, "
+            "not loaded, not granted: the exporter's log says which); absent until then.",
+        ),
+        MetricSpec(
             "pg_advisory_deadlocks_total",
             "counter",
             ("target", "datname"),

@@ -4,26 +4,32 @@ for a person at a terminal, or as one JSON document."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+import psycopg
+
+from .alerting.rules import Thresholds
 from .collect.capacity import lock_table_capacity
-from .collect.connection import Session
+from .collect.connection import Session, Unanswered
+from .collect.release import (
+    ReleaseSettings,
+    dead_client_release_seconds,
+    idle_in_transaction_release_seconds,
+)
 from .collect.scheduling import Watchdog
 from .collect.series import key_groups
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
+from .collect.statements import NotReadable, StatementsRead, describe, read_statements
 from .collect.vocabulary import format_age
 from .config.settings import Config, TargetSettings
-from .forensics.page import forensics_json
-from .forensics.read import (
-    Backend,
-    Forensics,
-    Unanswered,
-    answer,
-)
+from .forensics.page import forensics_json, statements_json
+from .forensics.read import Backend, Forensics, answer
+from .hygiene.statements import SAFE_FORM
 from .keys import catalog
 from .keys.registry import NO_KEYS, Registry
 from .schema import format_duration
@@ -239,6 +245,153 @@ def _top_applications(snapshot: ServerSnapshot, out: TextIO) -> None:
         )
 
 
+# The settings that end a dead or stuck client's session, where a role or a database sets
+# them (ALTER ROLE ... SET, ALTER DATABASE ... SET): the exporter's own session shows the
+# server's, and these apply to the sessions they name instead.
+OVERRIDES_SQL = """
+SELECT coalesce(r.rolname, '') AS rolname, coalesce(d.datname, '') AS datname, c.setting
+FROM pg_catalog.pg_db_role_setting AS s
+LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = s.setrole
+LEFT JOIN pg_catalog.pg_database AS d ON d.oid = s.setdatabase
+CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
+WHERE pg_catalog.split_part(c.setting, '=', 1) IN (
+    'tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count',
+    'tcp_user_timeout', 'idle_session_timeout', 'idle_in_transaction_session_timeout')
+ORDER BY 1, 2, 3
+"""
+
+
+@dataclass(frozen=True)
+class Override:
+    rolname: str  # "" for every role
+    datname: str  # "" for every database
+    setting: str  # name=value
+
+    def __str__(self) -> str:
+        where = [f"role {self.rolname}"] * bool(self.rolname)
+        where += [f"database {self.datname}"] * bool(self.datname)
+        return f"{self.setting} ({', '.join(where)})"
+
+
+@dataclass(frozen=True)
+class Hygiene:
+    """What makes a leak likely or long on one server: the settings' overrides, and its risky
+    statements (read once, in check's session)."""
+
+    overrides: tuple[Override, ...]
+    statements: StatementsRead
+
+
+def read_hygiene(session: Session) -> Hygiene:
+    rows = session.conn.execute(OVERRIDES_SQL).fetchall()
+    try:
+        statements = read_statements(session)
+    except (psycopg.Error, NotReadable) as exc:  # said in the report; the rest goes on
+        statements = StatementsRead(error=describe(exc))
+    return Hygiene(tuple(Override(*row) for row in rows), statements)
+
+
+def _settings_words(settings: ReleaseSettings) -> str:
+    return (
+        f"tcp_keepalives_idle {settings.keepalives_idle}s, interval "
+        f"{settings.keepalives_interval}s, count {settings.keepalives_count}; tcp_user_timeout "
+        f"{settings.user_timeout_ms}ms; idle_session_timeout "
+        f"{format_duration(settings.idle_session_timeout)}"
+    )
+
+
+def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> None:
+    """The hygiene section: how long a dead client's locks stay, and the risky statements."""
+    out.write("\n  Hygiene\n")
+    settings = snapshot.release_settings
+    holders = _idle_session_holders(snapshot)
+    if settings.known:
+        bound = dead_client_release_seconds(settings)
+        flag = "TOO LONG: " if bound > Thresholds().dead_client_release_after else ""
+        out.write(
+            f"    Dead client: {flag}a session idle outside a transaction keeps its locks "
+            f"{format_age(bound)} after its client dies ({_settings_words(settings)}); "
+            f"{holders} backends hold locks that way now\n"
+        )
+    else:
+        out.write("    Dead client: the server cannot say its keepalive settings here\n")
+    idle_in_transaction = idle_in_transaction_release_seconds(settings)
+    out.write(
+        "    Idle in transaction: "
+        + (
+            "no limit (idle_in_transaction_session_timeout is 0)\n"
+            if math.isinf(idle_in_transaction)
+            else f"ended after {format_age(idle_in_transaction)}\n"
+        )
+    )
+    for override in hygiene.overrides:
+        out.write(f"    Set for some sessions only: {override}\n")
+    _risky_statements(hygiene.statements, out)
+
+
+def _idle_session_holders(snapshot: ServerSnapshot) -> int:
+    return sum(1 for b in snapshot.backends if b.held and not b.in_transaction)
+
+
+def _risky_statements(read: StatementsRead, out: TextIO) -> None:
+    if read.error is not None:
+        out.write(f"    Risky statements: pg_stat_statements cannot be read: {read.error}\n")
+        return
+    total = sum(read.counts.values())
+    out.write(
+        f"    Risky statements in pg_stat_statements ({len(read.risky)}), most called first\n"
+    )
+    if not read.reads_all:
+        out.write("    (only the role's own statements: " + grant_read_all_stats(read.role) + ")\n")
+    if not read.risky:
+        return
+    _table(
+        [("RULES", "DATABASE", "USER", "CALLS", "STATEMENT")]
+        + [
+            (", ".join(sorted(r.rules)), r.datname, r.rolname, f"{r.calls:,}", r.text)
+            for r in read.risky
+        ],
+        out,
+    )
+    if total > len(read.risky):
+        out.write(f"    ({total} rule breaks in all)\n")
+    for rule in sorted({rule for r in read.risky for rule in r.rules}):
+        out.write(f"    Safe form, {rule}: {SAFE_FORM[rule]}\n")
+    skipped = {reason: n for reason, n in read.skipped.items() if n}
+    if skipped:
+        words = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+        out.write(f"    Not judged: {words}\n")
+
+
+def hygiene_json(snapshot: ServerSnapshot, hygiene: Hygiene) -> dict[str, Any]:
+    settings = snapshot.release_settings
+    idle_in_transaction = idle_in_transaction_release_seconds(settings)
+    return {
+        "dead_client_release_seconds": (
+            dead_client_release_seconds(settings) if settings.known else None
+        ),
+        "idle_in_transaction_release_seconds": (
+            None if math.isinf(idle_in_transaction) else idle_in_transaction
+        ),
+        "idle_session_holders": _idle_session_holders(snapshot),
+        "settings": {
+            "tcp_keepalives_idle": settings.keepalives_idle,
+            "tcp_keepalives_interval": settings.keepalives_interval,
+            "tcp_keepalives_count": settings.keepalives_count,
+            "tcp_user_timeout_ms": settings.user_timeout_ms,
+            "idle_session_timeout_seconds": settings.idle_session_timeout,
+            "idle_in_transaction_session_timeout_seconds": (
+                settings.idle_in_transaction_session_timeout
+            ),
+        },
+        "overrides": [
+            {"rolname": o.rolname, "datname": o.datname, "setting": o.setting}
+            for o in hygiene.overrides
+        ],
+        "risky_statements": statements_json(hygiene.statements),
+    }
+
+
 def print_report(checked: Checked, out: TextIO) -> None:
     assert checked.snapshot is not None
     assert checked.forensics is not None
@@ -249,6 +402,8 @@ def print_report(checked: Checked, out: TextIO) -> None:
     _registered_keys(checked.snapshot, checked.registry, out)
     _well_known_keys(checked.snapshot, checked.registry, out)
     _top_applications(checked.snapshot, out)
+    if checked.hygiene is not None:
+        print_hygiene(checked.snapshot, checked.hygiene, out)
     out.write("\n")
 
 
@@ -269,6 +424,7 @@ def report_json(checked: Checked) -> dict[str, Any]:
         "backend_table_entries_max": snapshot.backend_table_entries_max,
         "max_locks_per_transaction": snapshot.capacity_settings.max_locks_per_transaction,
         **forensics_json(forensics),
+        **({} if checked.hygiene is None else {"hygiene": hygiene_json(snapshot, checked.hygiene)}),
     }
 
 
@@ -281,23 +437,26 @@ class Checked:
     snapshot: ServerSnapshot | None = None
     registry: Registry = NO_KEYS
     forensics: Forensics | None = None
+    hygiene: Hygiene | None = None
     error: str | None = None
 
 
 def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
     snapshots: list[ServerSnapshot] = []
+    hygiene: list[Hygiene] = []
 
     def collect(session: Session) -> None:
         # A one-shot command reads pg_locks twice: the collection's statement for the lock
         # table and the registry's keys, the forensics statement for who holds and awaits
         # what. The daemon never does both at once.
         snapshots.append(read_snapshot(session.conn, session.registry))
+        hygiene.append(read_hygiene(session))
 
     try:
         forensics, session = answer(target, watchdog, collect)
     except Unanswered as exc:
         return Checked(target.name, error=str(exc))
-    return Checked(target.name, session.role, snapshots[0], session.registry, forensics)
+    return Checked(target.name, session.role, snapshots[0], session.registry, forensics, hygiene[0])
 
 
 def run_check(config: Config, out: TextIO = sys.stdout, output: str = "text") -> int:

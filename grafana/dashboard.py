@@ -609,6 +609,63 @@ def _server_log() -> list[PanelBuilder]:
     return panels
 
 
+def _hygiene() -> list[PanelBuilder]:
+    """What makes a leak likely or long, before it happens (docs/hygiene.md)."""
+    limit = ALERTS.dead_client_release_after
+    return [
+        _timeseries(
+            "A dead client keeps its session locks for",
+            "How long a session idle outside a transaction keeps its locks once its client's "
+            "host or network is gone: until the server's TCP keepalives give up, or "
+            "idle_session_timeout ends it. While sessions hold locks that way (next panel), "
+            f"above {format_duration(limit)} PgAdvisoryDeadClientKeepsLocks warns.",
+            "s",
+            [
+                Query(sel("pg_advisory_dead_client_release_seconds"), "dead client on {{target}}"),
+                Query(
+                    sel("pg_advisory_idle_in_transaction_release_seconds"),
+                    "idle in transaction on {{target}}",
+                ),
+            ],
+            limit=limit,
+            width=8,
+        ),
+        _timeseries(
+            "Sessions holding locks outside a transaction",
+            "Backends of the whole server that hold advisory locks while outside any "
+            "transaction: session-level locks (a leader's, a job's), those a dead client would "
+            "keep for the time on the left.",
+            "short",
+            [Query(sel("pg_advisory_idle_session_holders"), "{{target}}")],
+            width=8,
+        ),
+        _timeseries(
+            "Risky lock statements",
+            "Statements in pg_stat_statements that call an advisory lock function in a scan "
+            "that a LIMIT cuts (lock_in_limited_scan) or in the WHERE of a multi-row scan "
+            "(lock_in_where), or make keys with hashtext() (hashtext_key): each can leave "
+            "locks behind. check and /locks list them with their safe forms; the skipped "
+            "ones are statements the last read did not judge.",
+            "short",
+            [
+                Query(
+                    f"sum by (target, datname, rule) ({sel('pg_advisory_risky_statements')})",
+                    "{{rule}} in {{datname}} on {{target}}",
+                ),
+                Query(
+                    f"sum by (target, reason) ({sel('pg_advisory_statements_skipped')})",
+                    "skipped, {{reason}}, on {{target}}",
+                ),
+                Query(
+                    sel("pg_advisory_statements_up"),
+                    "pg_stat_statements read (1) or not (0) on {{target}}",
+                ),
+            ],
+            width=8,
+        ),
+    ]
+
+
 def _registered_keys() -> list[PanelBuilder]:
     keys = ("target", "datname", "key")
     by = ", ".join(keys)
@@ -767,6 +824,7 @@ ROWS = (
     ("Lock table", _lock_table),
     ("Registered keys", _registered_keys),
     ("Server log", _server_log),
+    ("Lock hygiene", _hygiene),
     ("Exporter", _exporter),
 )
 

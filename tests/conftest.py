@@ -344,11 +344,14 @@ def pg() -> Iterator[EmbeddedPostgres]:
     try:
         # Its log (stderr, the file pg_ctl writes) says each record's database and
         # application, and lock waits past deadlock_timeout: tests read it as a server_log.
+        # pg_stat_statements as most servers have it: the exporter reads it for risky
+        # statements (tests/test_hygiene.py has a server of its own to change).
         server.start(
             max_connections=60,
             deadlock_timeout="200ms",
             log_lock_waits="on",
             log_line_prefix=SUITE_LOG_PREFIX,
+            shared_preload_libraries="pg_stat_statements",
         )
         try:
             with server.connect() as conn:
@@ -362,6 +365,7 @@ def pg() -> Iterator[EmbeddedPostgres]:
             # can count the reads of pg_locks the database really saw.
             conn.execute("ALTER ROLE monitor SET log_statement = 'all'")
             conn.execute(f"CREATE ROLE plain LOGIN PASSWORD '{PLAIN_PASSWORD}'")
+            conn.execute("CREATE EXTENSION pg_stat_statements")
             conn.execute("CREATE DATABASE billing")
         yield server
     finally:

@@ -31,6 +31,7 @@ from psycopg.rows import TupleRow
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.collect.capacity import CapacitySettings
 from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
+from pg_advisory_exporter.collect.release import ReleaseSettings
 from pg_advisory_exporter.collect.snapshot import BackendLocks, ServerSnapshot
 from pg_advisory_exporter.config import loader, settings
 from pg_advisory_exporter.forensics.read import Backend, LockEntry
@@ -90,6 +91,8 @@ def snapshot_of(*backends: BackendLocks) -> ServerSnapshot:
             max_wal_senders=10,
             max_prepared_transactions=0,
         ),
+        # Linux's keepalives on a TCP session, no idle timeouts: PostgreSQL's defaults.
+        release_settings=ReleaseSettings(7200, 75, 9, 0, 0.0, 0.0),
         can_read_all_stats=True,
         deadlocks={"app": 3},
         lock_table_entries=sum(b.table_entries for b in backends),

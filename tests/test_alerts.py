@@ -37,6 +37,7 @@ CONTRACT_ALERTS = {
     "PgAdvisorySessionLockInTransactionPool",
     "PgAdvisoryUnlockNotHeld",
     "PgLockTableOutOfSharedMemory",
+    "PgAdvisoryDeadClientKeepsLocks",
 }
 
 

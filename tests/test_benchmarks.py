@@ -1,4 +1,5 @@
-"""`make bench` and `make bench-fleet` keep working: both benchmarks, run small, end to end."""
+"""`make bench`, `make bench-fleet` and `make bench-statements` keep working: each benchmark,
+run small, end to end."""
 
 from __future__ import annotations
 
@@ -70,3 +71,21 @@ def test_the_fleet_benchmark_runs_every_part_with_distinct_servers(tmp_path: Pat
         for run in report["sharing"]
     ] == [(1, 1, 1, [1]), (3, 1, 1, [1]), (3, 3, 3, [3])]
     assert "collections/s" in result.stdout
+
+
+@pytest.mark.pg  # starts its own server
+@pytest.mark.any_version  # timed, not checked: the rules are judged in tests/test_hygiene.py
+def test_the_statements_benchmark_reads_and_judges_what_the_client_ran(tmp_path: Path) -> None:
+    figures = tmp_path / "figures.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.statements_cost", "--statements", "150",
+         "--advisory", "30", "--repeat", "3", "--pg-version", str(PG_MAJOR),
+         "--json", str(figures)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(figures.read_text())
+    assert report["statements"] >= 150
+    assert report["risky"] == 10  # every third advisory statement: the LIMIT form
+    assert len(report["read_ms"]) == len(report["floor_ms"]) == 3
+    assert report["paired_ratio_median"] > 0

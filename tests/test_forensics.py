@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from support import BACKEND_START, Clock, forensic_backend
 
+from pg_advisory_exporter.collect.connection import Unanswered
 from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
 from pg_advisory_exporter.forensics.glance import CHAIN_DEPTH, blocking_chains
 from pg_advisory_exporter.forensics.page import Page, forensics_json, render
@@ -25,7 +26,6 @@ from pg_advisory_exporter.forensics.read import (
     Forensics,
     LockEntry,
     OnDemand,
-    Unanswered,
     assemble,
     backend_from_row,
     conflicts,

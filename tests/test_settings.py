@@ -105,7 +105,7 @@ def test_durations_are_shown_as_durations() -> None:
 def test_flag_variable_and_file_key_set_the_same_thing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, setting: Setting
 ) -> None:
-    value = "7"  # a number every setting takes, and none has as its default
+    value = "70"  # a number every setting takes, and none has as its default
     assert setting.default != value
 
     def loaded(flags: dict[str, object], collection: dict[str, object]) -> object:

@@ -123,6 +123,7 @@ class Alerts:
             self.session_lock_in_transaction_pool(),
             *self.registered_keys(),
             *self.server_log(),
+            self.dead_client_keeps_locks(),
         ]
 
     def leaks_and_waits(self) -> list[dict[str, Any]]:
@@ -455,3 +456,26 @@ class Alerts:
                 "failed, whatever the table holds now; every lock type shares it.",
             ),
         ]
+
+    def dead_client_keeps_locks(self) -> dict[str, Any]:
+        """Session locks held on a server that would keep them long after their client died:
+        both series are the server's (its settings, its idle holders), so it fires once per
+        server however many of its databases are probed."""
+        v = self.v
+        return self.alert(
+            "PgAdvisoryDeadClientKeepsLocks",
+            f"max by {self.by(*_SERVER)} ({self.sel('pg_advisory_dead_client_release_seconds')}) "
+            f"> {v.seconds('dead_client_release_after')} "
+            f"and on {self.by(*_SERVER)} "
+            f"max by {self.by(*_SERVER)} ({self.sel('pg_advisory_idle_session_holders')}) > 0",
+            for_="dead_client_release_for",
+            severity="warning",
+            summary="A dead client would keep its session locks on {{ $labels.target }} for "
+            f"{_AGE}",
+            description="Sessions on {{ $labels.target }} hold advisory locks outside any "
+            "transaction (session locks: a leader's, a job's), and the server would notice "
+            f"their client's death only after {_AGE} (its TCP keepalives, tcp_user_timeout, "
+            "idle_session_timeout): for that long nobody else could take those locks. "
+            f"Threshold {v.duration('dead_client_release_after')}.",
+            locks_page=False,
+        )

@@ -80,6 +80,12 @@ class Thresholds(Strict):
     out_of_shared_memory_window: Duration = Field(
         900, description="a lock table found full within this long pages"
     )
+    dead_client_release_after: Duration = Field(
+        900,
+        description="a server that would keep a dead client's session locks longer than this "
+        "warns, while session locks are held",
+    )
+    dead_client_release_for: Duration = Field(600, description="how long it must last")
     target_down_for: Duration = Field(300, description="a server unreadable this long pages")
     exporter_down_for: Duration = Field(300, description="the exporter unscrapable this long")
     web_config_refused_for: Duration = Field(

@@ -1,9 +1,11 @@
 """One target's connection to its server: opened with the settings that keep the exporter
-harmless, and kept (kept_connection.py) with the key registry resolved on it."""
+harmless, and kept (kept_connection.py) with the key registry resolved on it; and a
+connection of its own for one read (/locks, check, pg_stat_statements)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -20,7 +22,8 @@ from pg_advisory_exporter.keys.catalog import CatalogEntry
 from pg_advisory_exporter.keys.registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Note, Registry
 
 from .capacity import MIN_SERVER_VERSION
-from .kept_connection import CannotCollect, KeptConnection, connect
+from .kept_connection import APPLICATION_NAME, CannotCollect, KeptConnection, connect
+from .scheduling import Watchdog
 from .snapshot import COLLECTION_WORK_MEM, SESSION_SQL
 
 log = logs.named("connection")
@@ -128,11 +131,14 @@ def resolve_registry(
     return registry, databases, complete
 
 
-def connect_to_server(conninfo: str, settings: CollectionSettings) -> psycopg.Connection[Any]:
+def connect_to_server(
+    conninfo: str, settings: CollectionSettings, application_name: str = APPLICATION_NAME
+) -> psycopg.Connection[Any]:
     """A new connection to a server, with keepalives (psycopg.Error if not)."""
     return connect(
         conninfo,
         settings.connect_timeout,
+        application_name,
         # Notice a dead server or network during a collection, not hours later.
         keepalives=1,
         keepalives_idle=max(1, int(settings.statement_timeout)),
@@ -191,7 +197,13 @@ class ServerConnection(KeptConnection[Session]):
     "connected" at each page view).
     """
 
-    def __init__(self, config: TargetSettings, *, announce: bool = True) -> None:
+    def __init__(
+        self,
+        config: TargetSettings,
+        *,
+        announce: bool = True,
+        application_name: str = APPLICATION_NAME,
+    ) -> None:
         super().__init__(
             self._connect,
             self._prepare,
@@ -200,6 +212,7 @@ class ServerConnection(KeptConnection[Session]):
         )
         self.name = config.name
         self._announce = announce
+        self._application_name = application_name
         self._config = config
         self._settings = config.collection
         # Used by the connection's user only.
@@ -248,7 +261,7 @@ class ServerConnection(KeptConnection[Session]):
             self._conninfo = self._config.conninfo()
         except ValueError as exc:  # the password file cannot be read now
             raise CannotCollect(str(exc)) from None
-        return connect_to_server(self._conninfo, self._settings)
+        return connect_to_server(self._conninfo, self._settings, self._application_name)
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> Session:
         session = prepare_session(
@@ -283,3 +296,30 @@ class ServerConnection(KeptConnection[Session]):
         """Once per target, not at every connection: the same configuration says the same."""
         if self._said.changed(message, True):
             log.info(message, extra={"target": self.name})
+
+
+class Unanswered(Exception):
+    """The server could not be read: down, too slow, refusing; the message has no secret."""
+
+
+@contextlib.contextmanager
+def new_session(
+    target: TargetSettings,
+    watchdog: Watchdog,
+    seconds: float,
+    application_name: str = APPLICATION_NAME,
+) -> Iterator[Session]:
+    """A new connection of its own, closed at the end, and given up after `seconds` (a
+    stopped backend or a hung proxy: the watchdog interrupts it, as a collection's)."""
+    # Made for this one read (so never backing off), prepared as the collection's is, and
+    # interrupted and closed as it is.
+    server = ServerConnection(target, announce=False, application_name=application_name)
+    with server.deadline(watchdog, seconds) as expired:
+        try:
+            try:
+                yield server.get()
+            finally:
+                server.close()
+        except (psycopg.Error, CannotCollect, ValueError) as exc:
+            error = server.unanswered(seconds) if expired.is_set() else str(exc).strip()
+            raise Unanswered(server.redact(error)) from None

@@ -32,13 +32,18 @@ class CannotCollect(Exception):
     a connection closed because its target was removed."""
 
 
-def connect(conninfo: str, connect_timeout: float, **options: Any) -> psycopg.Connection[Any]:
+def connect(
+    conninfo: str,
+    connect_timeout: float,
+    application_name: str = APPLICATION_NAME,
+    **options: Any,
+) -> psycopg.Connection[Any]:
     """A new autocommit connection in the exporter's name (psycopg.Error if not)."""
     try:
         return psycopg.connect(
             conninfo,
             autocommit=True,
-            application_name=APPLICATION_NAME,
+            application_name=application_name,
             # libpq takes whole seconds and treats values below 2 as 2.
             connect_timeout=max(2, math.ceil(connect_timeout)),
             **options,

@@ -12,6 +12,7 @@ from pg_advisory_exporter.metrics import Sample
 
 from .capacity import lock_table_capacity
 from .poolers import PoolerView, owner
+from .release import dead_client_release_seconds, idle_in_transaction_release_seconds
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot
 from .vocabulary import (
     EXCLUSIVE,
@@ -282,7 +283,8 @@ def server_samples(
 
 
 def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
-    """The series that describe the whole server: its version, its lock table."""
+    """The series that describe the whole server: its version, its lock table, how long it
+    lets a dead client's session keep its locks."""
     samples = [
         Sample("pg_advisory_server_info", (target, snapshot.server_version), 1),
         Sample("pg_advisory_lock_table_entries", (target,), snapshot.lock_table_entries),
@@ -295,4 +297,28 @@ def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
     capacity = lock_table_capacity(snapshot.capacity_settings)
     if capacity is not None:
         samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
+    return samples + _release_samples(target, snapshot)
+
+
+def _release_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
+    """How long a dead or stuck client's session keeps its locks, and who would be hit now:
+    the backends of the whole server holding locks outside any transaction."""
+    settings = snapshot.release_settings
+    idle_holders = sum(1 for b in snapshot.backends if b.held and not b.in_transaction)
+    samples = [
+        Sample("pg_advisory_idle_session_holders", (target,), idle_holders),
+        Sample(
+            "pg_advisory_idle_in_transaction_release_seconds",
+            (target,),
+            idle_in_transaction_release_seconds(settings),
+        ),
+    ]
+    if settings.known:
+        samples.append(
+            Sample(
+                "pg_advisory_dead_client_release_seconds",
+                (target,),
+                dead_client_release_seconds(settings),
+            )
+        )
     return samples

@@ -22,6 +22,7 @@ from .kept_connection import CannotCollect
 from .poolers import Poolers, PoolerView
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
+from .statements import Statements, StatementsRead
 
 log = logs.named("target")
 
@@ -62,6 +63,8 @@ class Collection:
     snapshot: ServerSnapshot | None = None  # None on failure
     poolers: tuple[PoolerView, ...] = ()
     error: str | None = None
+    # The last read of pg_stat_statements when the collection ended (read apart, rarely).
+    statements: StatementsRead | None = None
 
     @property
     def ok(self) -> bool:
@@ -122,6 +125,7 @@ class Server:
         self._clock = clock
         self._connection = ServerConnection(config)
         self._poolers = Poolers(config.poolers, self.settings)
+        self._statements = Statements(config, watchdog)
         # The collections, shared by the scrapes that come within min_interval of each other.
         self._collections: Shared[Collection] = Shared(self.settings.min_interval, clock)
         # Shared between scrapes, the collection and the watchdog; guarded by _state.
@@ -274,6 +278,10 @@ class Server:
     def last(self) -> Collection | None:
         return self._collections.last()
 
+    def statements(self) -> StatementsRead | None:
+        """The last rare read of its pg_stat_statements, if one was made."""
+        return self._statements.last()
+
     def databases(self) -> frozenset[str] | None:
         """The databases its last successful collection saw (templates left out), or None
         before one succeeded."""
@@ -357,10 +365,13 @@ class Server:
             return self._failed(started, self._describe(exc, expired))
         self._check_privilege(snapshot)
         poolers = self._read_poolers(started)
+        self._statements.due()
         finished = self._clock()
         if self._said.changed("collection", None):
             log.info("collection succeeded again", extra={"target": self.name})
-        return Collection(finished, finished - started, snapshot, poolers)
+        return Collection(
+            finished, finished - started, snapshot, poolers, statements=self._statements.last()
+        )
 
     def _snapshot(self) -> ServerSnapshot:
         conn = self._connection.connection()

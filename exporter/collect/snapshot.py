@@ -15,6 +15,7 @@ from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY
 from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 
 from .capacity import CapacitySettings
+from .release import ReleaseSettings
 from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK
 
 # The session's work_mem. The scan of pg_lock_status() keeps its rows in a tuplestore
@@ -71,6 +72,11 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 #   value repeats on every row: as text, so that only the first row's is parsed.
 # - The settings, the privilege and the deadlocks are read once, in totals' one row, not
 #   once per backend row (a fifth of the statement's time at 200 locks over 100 backends).
+# - The keepalive settings and tcp_user_timeout show what the server applies to this TCP
+#   session (the operating system's values where they are 0); on a Unix socket they show 0
+#   whatever is set, so there the configured values (reset_val) are read too, from
+#   pg_settings, which costs more and is read only then. The idle timeouts show with a unit
+#   ("10min"), which an interval reads.
 # - {key_codes} and {registered_keys} match the key registry (see _EXACT_CODES).
 _COLLECT_TEMPLATE = """
 WITH lock_groups AS (
@@ -114,6 +120,21 @@ totals AS (
         pg_catalog.current_setting('max_wal_senders')::int AS max_wal_senders,
         pg_catalog.current_setting('max_prepared_transactions')::int
             AS max_prepared_transactions,
+        pg_catalog.current_setting('tcp_keepalives_idle')::int AS tcp_keepalives_idle,
+        pg_catalog.current_setting('tcp_keepalives_interval')::int AS tcp_keepalives_interval,
+        pg_catalog.current_setting('tcp_keepalives_count')::int AS tcp_keepalives_count,
+        pg_catalog.current_setting('tcp_user_timeout')::int AS tcp_user_timeout,
+        extract(epoch FROM pg_catalog.current_setting('idle_session_timeout')::interval)::float8
+            AS idle_session_timeout,
+        extract(epoch FROM pg_catalog.current_setting(
+            'idle_in_transaction_session_timeout')::interval)::float8
+            AS idle_in_transaction_session_timeout,
+        CASE WHEN pg_catalog.inet_server_addr() IS NULL THEN
+            (SELECT pg_catalog.json_object_agg(s.name, s.reset_val)
+               FROM pg_catalog.pg_settings AS s
+              WHERE s.name IN ('tcp_keepalives_idle', 'tcp_keepalives_interval',
+                               'tcp_keepalives_count', 'tcp_user_timeout'))::text
+        END AS socket_keepalives,
         pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats,
         pg_catalog.current_database() AS current_database,
         (SELECT pg_catalog.json_object_agg(d.datname, d.deadlocks)
@@ -327,6 +348,7 @@ class ServerSnapshot:
     server_version: str
     current_database: str
     capacity_settings: CapacitySettings
+    release_settings: ReleaseSettings
     can_read_all_stats: bool
     deadlocks: Mapping[str, int]
     lock_table_entries: int
@@ -370,6 +392,26 @@ def _backend(row: Mapping[str, Any]) -> BackendLocks:
     )
 
 
+def _release_settings(row: Mapping[str, Any]) -> ReleaseSettings:
+    timeouts = row["idle_session_timeout"], row["idle_in_transaction_session_timeout"]
+    if row["socket_keepalives"] is None:  # a TCP session: the values in force on it
+        return ReleaseSettings(
+            row["tcp_keepalives_idle"],
+            row["tcp_keepalives_interval"],
+            row["tcp_keepalives_count"],
+            row["tcp_user_timeout"],
+            *timeouts,
+        )
+    configured = json.loads(row["socket_keepalives"])
+    return ReleaseSettings(
+        int(configured["tcp_keepalives_idle"]),
+        int(configured["tcp_keepalives_interval"]),
+        int(configured["tcp_keepalives_count"]),
+        int(configured["tcp_user_timeout"]),
+        *timeouts,
+    ).configured()
+
+
 def read_snapshot(conn: psycopg.Connection[Any], registry: Registry = NO_KEYS) -> ServerSnapshot:
     """Run the collection statement once and map its rows."""
     sql = collect_sql(registry)
@@ -389,6 +431,7 @@ def read_snapshot(conn: psycopg.Connection[Any], registry: Registry = NO_KEYS) -
             max_wal_senders=first["max_wal_senders"],
             max_prepared_transactions=first["max_prepared_transactions"],
         ),
+        release_settings=_release_settings(first),
         can_read_all_stats=first["can_read_all_stats"],
         deadlocks=json.loads(first["deadlocks"] or "{}"),
         lock_table_entries=first["lock_table_entries"],

@@ -17,6 +17,7 @@ from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .series import server_samples, target_series
 from .server import Collection, Directory, Server
 from .server_log import ServerLog
+from .statements import StatementsRead, statements_samples
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,9 @@ class Target:
                 server_wide=server_wide,
             )
             server, folded = mapped.samples, mapped.folded_application_names
+            server += statements_samples(
+                self.name, collection.statements, self.database, server_wide
+            )
         return target_series(
             self.name,
             server,
@@ -170,6 +174,10 @@ class Target:
             folded_application_names=folded,
             server_wide=server_wide,
         ) + (self._locks_page if server_wide else [])
+
+    def statements(self) -> StatementsRead | None:
+        """Its server's last rare read of pg_stat_statements, if one was made."""
+        return self.server.reader().statements()
 
     def health(self) -> Health:
         reader = self.server.reader()

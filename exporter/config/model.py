@@ -74,6 +74,16 @@ Timeout = Annotated[float, PARSE_DURATION, duration_within(_LEAST, 600.0)]
 Interval = Annotated[float, PARSE_DURATION, duration_within(_LEAST, 3600.0)]
 
 
+def _rarely(seconds: float) -> float:
+    # pg_stat_statements' texts can be megabytes: read them at least a minute apart.
+    if 0 < seconds < 60:
+        raise ValueError("must be 0 (never) or at least 1m")
+    return seconds
+
+
+Rarely = Annotated[float, PARSE_DURATION, duration_within(0.0, 86400.0), AfterValidator(_rarely)]
+
+
 class FileOnly:
     """Marks a field that only the file sets: a list of rules has no flag or variable form."""
 
@@ -105,6 +115,10 @@ class CollectionSettings(Strict):
     reconnect_backoff_max: Interval = Field(
         default=30.0,
         description="longest wait between attempts to reach a server that is down",
+    )
+    statements_interval: Rarely = Field(
+        default=600.0,
+        description="how often pg_stat_statements is read for risky lock statements (0: never)",
     )
     application_name_limit: int = Field(
         default=100, ge=1, description="most distinct application_name values per target"

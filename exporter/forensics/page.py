@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pg_advisory_exporter.collect.statements import StatementsRead
 from pg_advisory_exporter.collect.vocabulary import format_age
+from pg_advisory_exporter.hygiene.statements import RULES, SAFE_FORM
 from pg_advisory_exporter.keys.key import BIGINT_KEY
 
 from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, key_groups, split_held
@@ -128,6 +130,34 @@ def forensics_json(forensics: Forensics) -> dict[str, Any]:
         "contended_keys": [_contended(key) for key in forensics.contended],
         "blocking_chains": [_chain(root, names) for root in blocking_chains(forensics.waiters)],
         "poolers": [{"name": view.name, "error": view.error} for view in forensics.poolers],
+        "risky_statements": statements_json(forensics.statements),
+    }
+
+
+def statements_json(read: StatementsRead | None) -> dict[str, Any] | None:
+    """The last read of pg_stat_statements: its risky statements, or why there are none
+    (None: not read, or never)."""
+    if read is None:
+        return None
+    return {
+        "error": read.error,
+        "reads_all_texts": read.reads_all,
+        "statements": [
+            {
+                "datname": found.datname,
+                "user": found.rolname,
+                "calls": found.calls,
+                "rules": sorted(found.rules),
+                "statement": found.text,
+            }
+            for found in read.risky
+        ],
+        "counts": [
+            {"datname": datname, "rule": rule.value, "statements": count}
+            for (datname, rule), count in sorted(read.counts.items())
+        ],
+        "skipped": dict(sorted(read.skipped.items())),
+        "safe_forms": {rule.value: SAFE_FORM[rule] for rule in RULES},
     }
 
 
@@ -401,6 +431,34 @@ def _contended_table(forensics: Forensics) -> str:
     return _table(headings, rows)
 
 
+def _statements_section(read: StatementsRead | None) -> str:
+    """The risky statements of the server's last read of pg_stat_statements (hygiene.md)."""
+    if read is None:
+        return ""
+    heading = f"<h2>Risky lock statements ({len(read.risky)})</h2>\n"
+    if read.error is not None:
+        return (
+            heading + f'<p class="note">pg_stat_statements cannot be read: {_e(read.error)}</p>\n'
+        )
+    if not read.risky:
+        return heading + '<p class="note">No statement in pg_stat_statements breaks a rule.</p>\n'
+    rows = [
+        [
+            _e(", ".join(sorted(found.rules))),
+            _e(found.datname),
+            _e(found.rolname),
+            _e(f"{found.calls:,}"),
+            f'<code class="statement">{_e(found.text)}</code>',
+        ]
+        for found in read.risky
+    ]
+    headings = [("Rule", "16%"), ("Database", "10%"), ("User", "10%"), ("Calls", "7%"),
+                ("Statement", "")]  # fmt: skip
+    rules = sorted({rule for found in read.risky for rule in found.rules})
+    safe = "".join(f"<li><code>{_e(rule)}</code>: {_e(SAFE_FORM[rule])}</li>" for rule in rules)
+    return heading + _table(headings, rows) + f'<ul class="note">{safe}</ul>\n'
+
+
 def _document(title: str, body: str) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -441,6 +499,7 @@ def _html_parts(forensics: Forensics) -> tuple[str, str]:
         + f"<h2>Waiters ({len(forensics.waiters)})</h2>\n{_waiters_table(forensics)}"
         + f"<h2>Holders ({len(forensics.holders)})</h2>\n{_holders_table(forensics)}"
         + f"<h2>Contended keys ({len(forensics.contended)})</h2>\n{_contended_table(forensics)}"
+        + _statements_section(forensics.statements)
         + '<p class="note">"Level": a backend outside any transaction holds only '
         "session-level locks; inside one, pg_locks cannot tell session from transaction "
         'level. "To end it" is shown, never run.</p>\n'

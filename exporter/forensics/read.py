@@ -3,11 +3,11 @@ person asks (`/locks`, `check`), never on a scrape."""
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -19,10 +19,10 @@ from psycopg.rows import dict_row
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect import vocabulary
-from pg_advisory_exporter.collect.connection import ServerConnection, Session
-from pg_advisory_exporter.collect.kept_connection import CannotCollect
+from pg_advisory_exporter.collect.connection import Session, Unanswered, new_session
 from pg_advisory_exporter.collect.poolers import PooledBackend, Poolers, PoolerView, owner
 from pg_advisory_exporter.collect.scheduling import Watchdog
+from pg_advisory_exporter.collect.statements import StatementsRead
 from pg_advisory_exporter.config.model import LocksPageSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.keys.key import AdvisoryKey
@@ -260,6 +260,8 @@ class Forensics:
     contended: tuple[ContendedKey, ...]
     query_text: bool  # whether query text was asked for
     poolers: tuple[PoolerView, ...] = ()
+    # The risky statements of the server's last rare read of pg_stat_statements, if any.
+    statements: StatementsRead | None = None
 
     @property
     def holders(self) -> tuple[Backend, ...]:
@@ -418,28 +420,6 @@ def read_rows(conn: psycopg.Connection[Any], settings: LocksPageSettings) -> lis
         return cur.execute(sql, parameters).fetchall()
 
 
-class Unanswered(Exception):
-    """The server could not be read: down, too slow, refusing; the message has no secret."""
-
-
-@contextlib.contextmanager
-def new_session(target: TargetSettings, watchdog: Watchdog, seconds: float) -> Iterator[Session]:
-    """A new connection of its own, closed at the end, and given up after `seconds` (a
-    stopped backend or a hung proxy: the watchdog interrupts it, as a collection's)."""
-    # Made for this one read (so never backing off), prepared as the collection's is, and
-    # interrupted and closed as it is.
-    server = ServerConnection(target, announce=False)
-    with server.deadline(watchdog, seconds) as expired:
-        try:
-            try:
-                yield server.get()
-            finally:
-                server.close()
-        except (psycopg.Error, CannotCollect, ValueError) as exc:
-            error = server.unanswered(seconds) if expired.is_set() else str(exc).strip()
-            raise Unanswered(server.redact(error)) from None
-
-
 def read_poolers(
     target: TargetSettings, watchdog: Watchdog, seconds: float
 ) -> tuple[PoolerView, ...]:
@@ -550,8 +530,18 @@ class OnDemand:
         return Answer(forensics, error, self._clock())
 
 
-def on_demand(target: TargetSettings, watchdog: Watchdog) -> OnDemand:
-    """The answers of one target as its configuration says: reused for locks_page.reuse_for."""
+def on_demand(
+    target: TargetSettings,
+    watchdog: Watchdog,
+    statements: Callable[[], StatementsRead | None] = lambda: None,
+) -> OnDemand:
+    """The answers of one target as its configuration says: reused for locks_page.reuse_for.
+    Each carries what `statements` gives then: the daemon's last read of pg_stat_statements
+    (a page view never reads it: its texts can be megabytes)."""
     # A read runs into its deadline, then its poolers' reads: wait for both, and a second.
     wait = 2 * target.collection.scrape_wait + 1.0
-    return OnDemand(lambda: answer(target, watchdog)[0], target.locks_page.reuse_for, wait)
+
+    def read() -> Forensics:
+        return dataclasses.replace(answer(target, watchdog)[0], statements=statements())
+
+    return OnDemand(read, target.locks_page.reuse_for, wait)

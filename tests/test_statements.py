@@ -1,0 +1,147 @@
+"""The rare reads of pg_stat_statements without a server: when one is due, how its rows are
+judged and counted, and the series they make (tests/test_hygiene.py reads a real server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support import Clock
+
+from pg_advisory_exporter.collect.scheduling import Task, Watchdog
+from pg_advisory_exporter.collect.statements import (
+    OVER_LIMIT,
+    SHOWN,
+    Statements,
+    StatementsRead,
+    judged,
+    statements_samples,
+)
+from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.settings import TargetSettings
+from pg_advisory_exporter.hygiene.statements import Judge, Rule
+
+LIMITED = "SELECT pg_advisory_lock(id) FROM foo WHERE id > $1 LIMIT $2"
+SAFE = "SELECT pg_advisory_lock(q.id) FROM (SELECT id FROM foo WHERE id > $1 LIMIT $2) AS q"
+HASHED = "SELECT pg_advisory_lock(hashtext($1))"
+
+
+def _row(query: str | None, datname: str = "app", calls: int = 1, **counts: int) -> dict[str, Any]:
+    return {
+        "datname": datname,
+        "rolname": "app_user",
+        "calls": calls,
+        "query": query,
+        "screened": counts.get("screened", 4),
+        "too_long": counts.get("too_long", 0),
+    }
+
+
+def test_rows_are_judged_counted_by_database_and_rule_and_shortened() -> None:
+    rows = [
+        _row(LIMITED, calls=30),
+        _row(SAFE, calls=20),
+        _row(HASHED, datname="billing", calls=10),
+        _row("SELECT pg_advisory_lock(id) FROM foo WHERE id > $1 LIM", calls=5),  # cut
+        _row(None, calls=1, too_long=1),  # too long: its text stayed on the server
+    ]
+    found = judged([{**row, "screened": 7, "too_long": 1} for row in rows], True, Judge(2.0))
+    assert found.counts == {
+        ("app", Rule.LOCK_IN_LIMITED_SCAN): 1,
+        ("billing", Rule.HASHTEXT_KEY): 1,
+    }
+    assert [(r.datname, r.calls, r.rules) for r in found.risky] == [
+        ("app", 30, frozenset({Rule.LOCK_IN_LIMITED_SCAN})),
+        ("billing", 10, frozenset({Rule.HASHTEXT_KEY})),
+    ]
+    # 7 screened on the server, 5 of them sent: 2 over the read's limit.
+    assert found.skipped == {"unparsable": 1, "too_long": 1, OVER_LIMIT: 2}
+    assert found.judged == 4
+
+
+def test_at_most_shown_statements_are_kept_but_all_are_counted() -> None:
+    rows = [_row(f"SELECT pg_advisory_lock(id) FROM t{n} LIMIT $1", screened=SHOWN + 5)
+            for n in range(SHOWN + 5)]  # fmt: skip
+    found = judged(rows, True, Judge(10.0))
+    assert len(found.risky) == SHOWN
+    assert found.counts == {("app", Rule.LOCK_IN_LIMITED_SCAN): SHOWN + 5}
+
+
+def _samples(
+    read: StatementsRead | None, database: str | None = None, wide: bool = True
+) -> set[tuple[str, tuple[str, ...], float]]:
+    return {(s.name, s.labels, s.value) for s in statements_samples("main", read, database, wide)}
+
+
+def test_the_series_of_a_read_by_scope() -> None:
+    read = StatementsRead(
+        counts={("app", Rule.LOCK_IN_WHERE): 2, ("billing", Rule.LOCK_IN_WHERE): 1},
+        skipped={"unparsable": 3},
+    )
+    whole = _samples(read)
+    assert ("pg_advisory_statements_up", ("main",), True) in whole
+    assert ("pg_advisory_statements_skipped", ("main", "unparsable"), 3) in whole
+    assert ("pg_advisory_statements_skipped", ("main", OVER_LIMIT), 0) in whole
+    risky = {s for s in whole if s[0] == "pg_advisory_risky_statements"}
+    assert risky == {
+        ("pg_advisory_risky_statements", ("main", "", "lock_in_limited_scan"), 0),
+        ("pg_advisory_risky_statements", ("main", "app", "lock_in_where"), 2),
+        ("pg_advisory_risky_statements", ("main", "billing", "lock_in_where"), 1),
+        ("pg_advisory_risky_statements", ("main", "", "hashtext_key"), 0),
+    }
+    # A probe of one database: its statements, 0 under its name, and nothing of the server's.
+    assert _samples(read, "billing", wide=False) == {
+        ("pg_advisory_risky_statements", ("main", "billing", "lock_in_limited_scan"), 0),
+        ("pg_advisory_risky_statements", ("main", "billing", "lock_in_where"), 1),
+        ("pg_advisory_risky_statements", ("main", "billing", "hashtext_key"), 0),
+    }
+
+
+def test_an_unreadable_pg_stat_statements_says_only_that() -> None:
+    failed = StatementsRead(error="pg_stat_statements is not installed in this database")
+    assert _samples(failed) == {("pg_advisory_statements_up", ("main",), False)}
+    assert _samples(failed, "app", wide=False) == set()
+    assert _samples(None) == set()
+
+
+class _Pool:
+    """Records what is queued, and runs nothing."""
+
+    def __init__(self) -> None:
+        self.queued: list[Task[Any]] = []
+
+    def enqueue(self, tasks: list[tuple[Task[Any], object]]) -> None:
+        self.queued += [task for task, _ in tasks]
+
+
+def _statements(interval: float, pool: _Pool, clock: Clock) -> Statements:
+    config = TargetSettings(
+        name="main",
+        dsn="host=192.0.2.1 dbname=postgres",
+        collection=CollectionSettings(statements_interval=interval),
+        catalog=False,
+    )
+    return Statements(config, Watchdog(), pool, clock)  # type: ignore[arg-type]
+
+
+def test_a_read_is_queued_at_most_once_per_interval_and_never_twice_at_once() -> None:
+    pool, clock = _Pool(), Clock()
+    statements = _statements(600, pool, clock)
+    statements.due()
+    statements.due()  # the first is still queued
+    assert len(pool.queued) == 1
+    statements.record(StatementsRead())  # the read ends
+    clock.now += 599
+    statements.due()
+    assert len(pool.queued) == 1
+    clock.now += 1
+    statements.due()
+    assert len(pool.queued) == 2
+    assert statements.last() == StatementsRead()
+
+
+def test_an_interval_of_0_never_reads() -> None:
+    pool = _Pool()
+    statements = _statements(0, pool, Clock())
+    statements.due()
+    assert pool.queued == []
+    assert statements.last() is None
