@@ -1,0 +1,1 @@
+"""The hygiene of advisory-lock statements: risky forms recognised in pg_stat_statements' texts."""
