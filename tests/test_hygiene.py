@@ -308,3 +308,35 @@ def test_hostile_statement_texts_are_read_and_judged_within_bounds(
             f"max RSS {rss_before / 1024:.0f} -> {rss_after / 1024:.0f} MB; skipped "
             f"{dict(found.skipped)}; risky {[r.text[:40] for r in found.risky]}"
         )
+
+
+def test_without_the_grant_only_the_roles_own_statements_are_judged(
+    server: EmbeddedPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another role's texts read "<insufficient privilege>" without pg_read_all_stats: they
+    are never judged, and the GRANT is named once."""
+    _run_forms(server)  # as the superuser
+    with server.connect() as conn:
+        conn.execute("DROP ROLE IF EXISTS watcher")
+        conn.execute("CREATE ROLE watcher LOGIN PASSWORD 'watcher'")
+    with psycopg.connect(server.dsn(user="watcher", password="watcher"), autocommit=True) as own:
+        own.execute("SELECT pg_advisory_lock(hashtext('mine'))")
+        own.execute("SELECT pg_advisory_unlock_all()")
+    target = TargetSettings(
+        name="plain",
+        dsn=server.dsn(user="watcher", password="watcher"),
+        collection=CollectionSettings(),
+        catalog=False,
+    )
+    statements = Statements(target, Watchdog())
+    with caplog.at_level(logging.INFO, logger="pg_advisory_exporter.target"):
+        first = statements.read()
+        statements.read()
+    assert first.ok, first.error
+    assert not first.reads_all
+    assert [(r.rolname, r.rules) for r in first.risky] == [
+        ("watcher", frozenset({Rule.HASHTEXT_KEY}))
+    ]
+    said = [r.getMessage() for r in caplog.records if "GRANT pg_read_all_stats" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].endswith('fix with GRANT pg_read_all_stats TO "watcher"')
