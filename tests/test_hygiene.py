@@ -340,3 +340,20 @@ def test_without_the_grant_only_the_roles_own_statements_are_judged(
     said = [r.getMessage() for r in caplog.records if "GRANT pg_read_all_stats" in r.getMessage()]
     assert len(said) == 1, said
     assert said[0].endswith('fix with GRANT pg_read_all_stats TO "watcher"')
+
+
+def test_the_runbooks_settings_bound_a_dead_client_as_it_says(
+    server: EmbeddedPostgres, start_exporter: StartExporter, settings_reset: None
+) -> None:
+    """The runbook's fix, run as it is written, statement by statement (ALTER SYSTEM runs
+    outside a transaction block), gives the bound it promises: 120 s."""
+    runbook = (Path(__file__).resolve().parent.parent / "docs" / "runbook.md").read_text()
+    section = runbook[runbook.index("## PgAdvisoryDeadClientKeepsLocks") :]
+    block = re.search(r"```sql\n(.*?)```", section, flags=re.DOTALL)
+    assert block is not None
+    exporter = _exporter(start_exporter, server.dsn())
+    with server.connect() as conn:
+        for statement in re.findall(r"^[^-\n][^;]*;", block[1], flags=re.MULTILINE):
+            conn.execute(statement)
+    assert "60 + 6 x 10 = 120 s" in block[1]
+    exporter.scrape_until(_value_is(RELEASE, 120))

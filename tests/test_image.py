@@ -29,10 +29,11 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.any_version]
 DOCKERFILE = ROOT / "Dockerfile"
 UID = 65532
 # "MB" as podman prints it: 10^6 bytes.
-SIZE_LIMIT = 150_000_000
-# What the Dockerfile adds on top of its base (the venv: 31 MB when written); a pip cache,
-# the wheels or a second copy of the venv left in a layer would each break it.
-ADDED_LIMIT = 40_000_000
+SIZE_LIMIT = 190_000_000
+# What the Dockerfile adds on top of its base (the venv: 66 MB when written, 28 MB of it
+# pglast's parser as its wheel ships it, with debug information); a pip cache, the wheels or
+# a second copy of the venv left in a layer would each break it.
+ADDED_LIMIT = 75_000_000
 # Kubernetes' readOnlyRootFilesystem, no capabilities, no privilege escalation: podman's
 # --read-only alone would still mount writable tmpfs on /tmp and /run.
 LOCKED_DOWN = (

@@ -203,6 +203,7 @@ class ServerConnection(KeptConnection[Session]):
         *,
         announce: bool = True,
         application_name: str = APPLICATION_NAME,
+        registry: bool = True,
     ) -> None:
         super().__init__(
             self._connect,
@@ -220,7 +221,9 @@ class ServerConnection(KeptConnection[Session]):
         self.role = ""
         self.registry = NO_KEYS
         self.identity: ServerIdentity | None = None  # of the server last connected to
-        self._entries = catalog.selected(config.catalog)
+        # Without `registry`, a read that names no lock (pg_stat_statements') resolves none.
+        self._keys = config.keys if registry else ()
+        self._entries = catalog.selected(config.catalog) if registry else ()
         self._databases: frozenset[str] = frozenset()  # the registry's catalog keys cover
         self._new_database = False  # a collection saw one: resolve again before the next
         # False once a server-side read of the registry failed: tried again at the next
@@ -264,9 +267,7 @@ class ServerConnection(KeptConnection[Session]):
         return connect_to_server(self._conninfo, self._settings, self._application_name)
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> Session:
-        session = prepare_session(
-            conn, self._settings, self._config.keys, self._entries, self._note
-        )
+        session = prepare_session(conn, self._settings, self._keys, self._entries, self._note)
         if self._announce:
             log.info(
                 "connected", extra={"target": self.name, "server_version_num": session.version}
@@ -280,7 +281,7 @@ class ServerConnection(KeptConnection[Session]):
 
     def _resolve_again(self, conn: psycopg.Connection[Any]) -> None:
         registry, databases, complete = resolve_registry(
-            conn, self._config.keys, self._entries, self._note
+            conn, self._keys, self._entries, self._note
         )
         log.debug(
             "key registry resolved for new databases",
@@ -308,12 +309,15 @@ def new_session(
     watchdog: Watchdog,
     seconds: float,
     application_name: str = APPLICATION_NAME,
+    registry: bool = True,
 ) -> Iterator[Session]:
     """A new connection of its own, closed at the end, and given up after `seconds` (a
     stopped backend or a hung proxy: the watchdog interrupts it, as a collection's)."""
     # Made for this one read (so never backing off), prepared as the collection's is, and
     # interrupted and closed as it is.
-    server = ServerConnection(target, announce=False, application_name=application_name)
+    server = ServerConnection(
+        target, announce=False, application_name=application_name, registry=registry
+    )
     with server.deadline(watchdog, seconds) as expired:
         try:
             try:

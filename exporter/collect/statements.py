@@ -248,7 +248,9 @@ class Statements:
         """Read now, in the caller's thread (the pool's, when due)."""
         seconds = self._config.collection.scrape_wait
         try:
-            with new_session(self._config, self._watchdog, seconds, READER_NAME) as session:
+            with new_session(
+                self._config, self._watchdog, seconds, READER_NAME, registry=False
+            ) as session:
                 try:
                     found = read_statements(session)
                 except (NotReadable, psycopg.Error) as exc:
