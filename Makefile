@@ -14,13 +14,13 @@ WITHOUT_SERVER := not pg
 FIRST_VERSION := pg
 OTHER_VERSIONS := pg and not any_version
 
-.PHONY: demo test lint typecheck unit bench bench-fleet bench-statements generate image system-packages clean
+.PHONY: demo test lint typecheck unit bench bench-fleet bench-statements generate image dist system-packages clean
 
 # The folder `exporter/` installs as `pg_advisory_exporter`. A strict editable install links
 # each module under that name where every tool (mypy included) finds it; a new module needs
 # the step again, and adding one changes its folder's time, which triggers it.
 # Debian's python3 makes no virtualenv without its python3-venv package: as root, install it.
-$(INSTALLED): pyproject.toml exporter $(wildcard exporter/*/)
+$(INSTALLED): pyproject.toml setup.py exporter $(wildcard exporter/*/)
 	$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  [ "$$(id -u)" = 0 ] || { echo "missing: sudo apt-get install python3-venv"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
@@ -120,15 +120,42 @@ image:
 	$(CONTAINER_TOOL) build -t pg-advisory-exporter .
 
 # The shipped alert rules, from the thresholds' defaults, and the Grafana dashboard, also in
-# the Helm chart; the tests fail when these are stale.
+# the Helm chart, and the version in the chart's Chart.yaml and the Dockerfile's label; the
+# tests fail when these are stale.
 CHART := deploy/helm/pg-advisory-exporter
 generate: $(INSTALLED)
+	$(BIN)/python -m devtools.dist generate
 	$(BIN)/pg-advisory-exporter rules > alerts/pg-advisory-exporter.rules.yml
 	$(BIN)/pg-advisory-exporter rules --format prometheusrule \
 	  --label app.kubernetes.io/name=pg-advisory-exporter > deploy/prometheusrule.yaml
 	$(BIN)/python -m grafana.dashboard > grafana/pg-advisory-exporter.json
 	$(BIN)/python -m devtools.rules_chart $(CHART)
 	cp grafana/pg-advisory-exporter.json $(CHART)/dashboards/
+
+# What a release publishes (docs/development.md, "Cutting a release"), in DIST: the wheel and
+# the sdist, the packaged chart, the image as an archive, and their SHA256SUMS. The image is
+# built with the checkout's revision as VCS_REF; DIST_IMAGE names one built already instead
+# (the tests pass the one they built), IMAGE_BUILD_FLAGS adds to the build's flags (a base
+# image, a CA bundle). Either way the archive holds it as pg-advisory-exporter:VERSION,
+# in the OCI layout (podman's oci-archive; Docker's save writes that layout since 25.0).
+DIST ?= dist
+DIST_IMAGE ?=
+IMAGE_BUILD_FLAGS ?=
+IMAGE_SAVE_FLAGS := $(if $(findstring podman,$(CONTAINER_TOOL)),--format oci-archive)
+dist: $(INSTALLED)
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(BIN)/python -m build --no-isolation --outdir $(DIST) .
+	$(BIN)/python -m devtools.dist chart $(CHART) $(DIST)
+	version=$$($(BIN)/python -m devtools.dist version); image='$(DIST_IMAGE)'; \
+	if [ -z "$$image" ]; then \
+	  image=pg-advisory-exporter:$$version; \
+	  $(CONTAINER_TOOL) build $(IMAGE_BUILD_FLAGS) \
+	    --build-arg VCS_REF=$$($(BIN)/python -m devtools.dist revision) -t "$$image" . ; \
+	fi && \
+	$(CONTAINER_TOOL) tag "$$image" pg-advisory-exporter:$$version && \
+	$(CONTAINER_TOOL) save $(IMAGE_SAVE_FLAGS) \
+	  -o $(DIST)/pg-advisory-exporter-$$version-image.tar pg-advisory-exporter:$$version
+	cd $(DIST) && sha256sum -- * > SHA256SUMS
 
 # Debian's Prometheus, promtool, Alertmanager, amtool and PgBouncer run in the tests. PostgreSQL server
 # binaries need no step here: the suite uses the machine's own or downloads the

@@ -1,3 +1,3 @@
 """pg-advisory-exporter: a Prometheus exporter for PostgreSQL advisory locks."""
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"

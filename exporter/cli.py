@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from . import __version__, logs
+from . import __version__, logs, revision
 from .alerting.rules import dump, prometheus_rule, rule_groups, thresholds_from
 from .config.loader import load
 from .config.settings import Config
@@ -43,6 +43,24 @@ def _flags(default: object, settings: Iterable[Setting] = SETTINGS) -> argparse.
     return flags
 
 
+class _Version(argparse.Action):
+    """`--version`: the version and, where known, the source revision. Found when asked, not
+    when the parser is built: from a checkout, finding it runs git."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog} {revision.describe(__version__)}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pg-advisory-exporter",
@@ -52,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     # Flags may come before or after a command; SUPPRESS keeps a command's unset flags
     # from overwriting ones given before it. `check` serves nothing: no web flags.
     check_flags = _flags(argparse.SUPPRESS, (s for s in SETTINGS if s.block != "web"))
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     parser.add_argument(
         "--config.check",
         dest="config_check",

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from pg_advisory_exporter.revision import from_checkout
+
 ROOT = Path(__file__).parent.parent
 # The name users build under is theirs; this one is the suite's, rebuilt every session.
 IMAGE = "localhost/pg-advisory-exporter:test"
@@ -209,10 +211,11 @@ def ensure_base(podman: Podman) -> str:
 
 
 def build_image(podman: Podman, base: str) -> str:
-    """The real Dockerfile built on `base`, as IMAGE. podman's layer cache makes a rebuild
-    with nothing changed take seconds, so every session builds: a changed Dockerfile or
-    source tree is what the tests see. (That cache keys a step on its text and what it
-    copies, not on build volumes or an ARG's default: see the Dockerfile's label.)"""
+    """The real Dockerfile built on `base`, as IMAGE, of the checkout's revision (VCS_REF,
+    as `make dist` passes it). podman's layer cache makes a rebuild with nothing changed take
+    seconds, so every session builds: a changed Dockerfile or source tree is what the tests
+    see. (That cache keys a step on its text, what it copies and the build arguments' values,
+    not on build volumes or an ARG's default: see the Dockerfile's label.)"""
     log = podman.workdir / "build.log"
     with log.open("w") as output:
         build = subprocess.run(
@@ -220,6 +223,7 @@ def build_image(podman: Podman, base: str) -> str:
                 "build", "--pull=never", "--network", "host",
                 "--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
                 "--build-arg", f"BASE_IMAGE={base}",
+                "--build-arg", f"VCS_REF={from_checkout(ROOT) or ''}",
                 "--tag", IMAGE, "--file", str(ROOT / "Dockerfile"), str(ROOT),
             ),
             check=False, stdout=output, stderr=subprocess.STDOUT, env=podman.env,

@@ -25,7 +25,6 @@ from helm_python.errors import HelmError
 from psycopg.conninfo import conninfo_to_dict
 from support import Cli, StartService, start_prometheus, wait_until
 
-from pg_advisory_exporter import __version__
 from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.model import (
@@ -502,10 +501,6 @@ def test_image_defaults_to_the_charts_app_version() -> None:
     )
     digest = VALUE_SETS["everything"]["image"]["digest"]
     assert exporter_container(render(VALUE_SETS["everything"]))["image"].endswith(f"@{digest}")
-
-
-def test_app_version_is_the_exporters() -> None:
-    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"] == __version__
 
 
 # -- Probes ---------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from support import REFUSED_DSN, Scrape, Session, http_get, wait_until
 
 from devtools.embedded_postgres import free_port
 from pg_advisory_exporter import __version__
+from pg_advisory_exporter.revision import from_checkout
 
 # The first test to use the image pays for debootstrap (about a minute, once per machine)
 # and the build.
@@ -83,10 +84,11 @@ def test_the_image_metadata_user_and_size(podman: Podman, image: str) -> None:
     assert "Apache License" in (ROOT / "LICENSE").read_text().split("\n", 2)[0]
     labels = config["Labels"]
     assert {key: labels.get(f"org.opencontainers.image.{key}") for key in (
-        "title", "description", "version", "licenses")} == {
+        "title", "description", "version", "revision", "licenses")} == {
         "title": project["name"],
         "description": project["description"],
         "version": __version__,
+        "revision": from_checkout(ROOT),  # the build's VCS_REF
         "licenses": project["license"],
     }  # fmt: skip
     assert labels["org.opencontainers.image.source"].startswith("https://github.com/")

@@ -12,14 +12,17 @@ from pathlib import Path
 import pytest
 from support import REFUSED_DSN, RunProgram, StartExporter
 
+from pg_advisory_exporter import __version__
+from pg_advisory_exporter.revision import SHORT, from_checkout
+
 ROOT = Path(__file__).parent.parent
 # The development package (the demo, the throwaway server) and each of its modules, by the
 # name an import would give it: none may reach what users install.
 DEVELOPMENT = frozenset(
     {"devtools", *(path.stem for path in (ROOT / "devtools").glob("*.py"))} - {"__init__"}
 )
-# The build context of the image: the package's metadata and source, nothing else.
-IMAGE_SOURCES = frozenset({"pyproject.toml", "README.md", "LICENSE", "exporter/"})
+# The build context of the image: the package's metadata, build hook and source, nothing else.
+IMAGE_SOURCES = frozenset({"pyproject.toml", "setup.py", "README.md", "LICENSE", "exporter/"})
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +78,34 @@ def test_the_wheel_carries_no_development_code(wheel: zipfile.ZipFile) -> None:
     ):
         assert _development_imports(source), source
     assert not _development_imports("from . import daemon\nimport psycopg")
+
+
+# `--version` of the code in FOLDER (argv[1]), failing if another copy was imported.
+_VERSION_OF = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import pg_advisory_exporter.cli as cli
+assert cli.__file__.startswith(sys.argv[1]), cli.__file__
+cli.main(["--version"])
+"""
+
+
+def test_the_wheel_names_its_version_and_the_revision_it_was_built_from(
+    wheel: zipfile.ZipFile, tmp_path: Path, run_program: RunProgram
+) -> None:
+    info = f"pg_advisory_exporter-{__version__}.dist-info"
+    metadata = wheel.read(f"{info}/METADATA").decode()
+    assert re.search(r"^Version: (.+)$", metadata, re.MULTILINE)[1] == __version__  # type: ignore[index]
+    revision = from_checkout(ROOT)
+    assert revision
+    assert f"REVISION = {revision!r}" in wheel.read("pg_advisory_exporter/_build.py").decode()
+    # Installed, outside any checkout: the baked revision, and without it the version alone.
+    wheel.extractall(tmp_path)
+    commit, dirty, _ = revision.partition("-dirty")
+    for expected in (f"{__version__} (revision {commit[:SHORT]}{dirty})", __version__):
+        shown = run_program([sys.executable, "-c", _VERSION_OF, tmp_path], cwd=tmp_path)
+        assert (shown.returncode, shown.stdout) == (0, f"pg-advisory-exporter {expected}\n")
+        (tmp_path / "pg_advisory_exporter" / "_build.py").unlink(missing_ok=True)
 
 
 def test_the_image_is_built_from_the_package_alone() -> None:
