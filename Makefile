@@ -120,8 +120,9 @@ image:
 	$(CONTAINER_TOOL) build -t pg-advisory-exporter .
 
 # The shipped alert rules, from the thresholds' defaults, and the Grafana dashboard, also in
-# the Helm chart; the tests fail when these are stale.
+# the Helm chart and in the monitoring mixin; the tests fail when these are stale.
 CHART := deploy/helm/pg-advisory-exporter
+MIXIN := pg-advisory-exporter-mixin
 generate: $(INSTALLED)
 	$(BIN)/pg-advisory-exporter rules > alerts/pg-advisory-exporter.rules.yml
 	$(BIN)/pg-advisory-exporter rules --format prometheusrule \
@@ -129,6 +130,8 @@ generate: $(INSTALLED)
 	$(BIN)/python -m grafana.dashboard > grafana/pg-advisory-exporter.json
 	$(BIN)/python -m devtools.rules_chart $(CHART)
 	cp grafana/pg-advisory-exporter.json $(CHART)/dashboards/
+	$(BIN)/python -m devtools.rules_mixin $(MIXIN)
+	cp grafana/pg-advisory-exporter.json $(MIXIN)/dashboards/
 
 # Debian's Prometheus, promtool, Alertmanager, amtool and PgBouncer run in the tests. PostgreSQL server
 # binaries need no step here: the suite uses the machine's own or downloads the
