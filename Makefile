@@ -120,9 +120,10 @@ image:
 	$(CONTAINER_TOOL) build -t pg-advisory-exporter .
 
 # The shipped alert rules, from the thresholds' defaults, and the Grafana dashboard, also in
-# the Helm chart, and the version in the chart's Chart.yaml and the Dockerfile's label; the
-# tests fail when these are stale.
+# the Helm chart and in the monitoring mixin, and the version in the chart's Chart.yaml and the
+# Dockerfile's label; the tests fail when these are stale.
 CHART := deploy/helm/pg-advisory-exporter
+MIXIN := pg-advisory-exporter-mixin
 generate: $(INSTALLED)
 	$(BIN)/python -m devtools.dist generate
 	$(BIN)/pg-advisory-exporter rules > alerts/pg-advisory-exporter.rules.yml
@@ -131,6 +132,8 @@ generate: $(INSTALLED)
 	$(BIN)/python -m grafana.dashboard > grafana/pg-advisory-exporter.json
 	$(BIN)/python -m devtools.rules_chart $(CHART)
 	cp grafana/pg-advisory-exporter.json $(CHART)/dashboards/
+	$(BIN)/python -m devtools.rules_mixin $(MIXIN)
+	cp grafana/pg-advisory-exporter.json $(MIXIN)/dashboards/
 
 # What a release publishes (docs/development.md, "Cutting a release"), in DIST: the wheel and
 # the sdist, the packaged chart, the image as an archive, and their SHA256SUMS. The image is

@@ -18,44 +18,10 @@ from typing import Any
 
 import yaml
 
-from pg_advisory_exporter.alerting.rules import Thresholds, format_number, groups_of
+from devtools.rule_placeholders import PLACEHOLDER, placeholder_groups
+from pg_advisory_exporter.alerting.rules import Thresholds, format_number
 from pg_advisory_exporter.keys.catalog import MIGRATION_KEYS
 from pg_advisory_exporter.schema import DURATION_PATTERN, PARSE_DURATION
-
-
-class HelmValues:
-    """Each threshold as a Helm expression that reads `.Values.prometheusRule.thresholds`,
-    with Thresholds' default: the chart's rules follow from the same code as the printed ones.
-
-    The expressions are placeholders at first, so that YAML quotes the text around them as
-    it would the values; `helm_template` puts the expressions in after dumping.
-    """
-
-    def seconds(self, name: str) -> str:
-        return f"@@seconds:{name}@@"
-
-    def duration(self, name: str) -> str:
-        return f"@@duration:{name}@@"
-
-    def number(self, name: str) -> str:
-        return f"@@number:{name}@@"
-
-    def percent(self, name: str) -> str:
-        return f"@@percent:{name}@@"
-
-    def text(self, name: str) -> str:
-        return f"@@text:{name}@@"
-
-    def quoted(self, name: str) -> str:
-        return f"@@quoted:{name}@@"
-
-    def group_labels(self) -> str:
-        return "@@group_labels:@@"
-
-    def selector(self, metric: str, matchers: str) -> str:
-        if matchers:
-            return f"{metric}{{{matchers}@@selector_after:@@}}"
-        return f"{metric}@@selector_alone:@@"
 
 
 def _go_literal(value: object) -> str:
@@ -111,11 +77,11 @@ spec:
 def helm_template() -> str:
     """The Helm chart's templates/prometheusrule.yaml."""
     body = yaml.safe_dump(
-        {"groups": groups_of(HelmValues())}, sort_keys=False, width=10_000, allow_unicode=True
+        {"groups": placeholder_groups()}, sort_keys=False, width=10_000, allow_unicode=True
     )
     # Prometheus's own templates ({{ $labels.target }}) pass through Helm as they are.
     body = re.sub(r"\{\{.*?\}\}", lambda m: "{{`" + m.group(0) + "`}}", body)
-    body = re.sub(r"@@(\w+):(\w*)@@", lambda m: _helm_expression(m.group(1), m.group(2)), body)
+    body = PLACEHOLDER.sub(lambda m: _helm_expression(m.group(1), m.group(2)), body)
     indented = "".join(f"  {line}" for line in body.splitlines(keepends=True))
     return HELM_HEADER + indented + "{{- end }}\n"
 

@@ -278,6 +278,35 @@ def run_cli(
     )
 
 
+# Thresholds as a user of the Helm chart's values or of the mixin's _config writes them (a list
+# for group_labels, a duration as text or seconds) and as --set takes them (set_flags): each
+# form the command accepts, so that the chart's helpers and the mixin's meet every one.
+TUNED_THRESHOLDS: dict[str, Any] = {
+    "leaked_lock_after": "1h30m",
+    "leaked_lock_for": 90,
+    "wait_after": "500ms",
+    "waiters": 3,
+    "lock_table_warning": 0.55,
+    "lock_table_critical": 0.9,
+    "backend_lock_budget": 2.5,
+    "deadlocks_window": "1d",
+    "deadlocks": 2,
+    "exporter_job": "locks",
+    "selector": 'cluster="eu-1"',
+    "group_labels": ["namespace", "region"],
+    "runbook_url": "https://wiki.example.com/runbook",
+}
+
+
+def set_flags(thresholds: Mapping[str, Any]) -> list[str]:
+    """`rules`' --set flags for these thresholds."""
+    flags: list[str] = []
+    for name, value in thresholds.items():
+        text = ",".join(value) if isinstance(value, list) else str(value)
+        flags += ["--set", f"{name}={text}"]
+    return flags
+
+
 def run_program(
     command: Sequence[str | Path],
     *,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helm_python.chart import Chart
 from helm_python.errors import HelmValuesError
-from support import Cli
+from support import TUNED_THRESHOLDS, Cli, set_flags
 
 from devtools.rules_chart import (
     DURATION_TEXT,
@@ -25,32 +25,6 @@ from pg_advisory_exporter.alerting.rules import Thresholds, rule_groups
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"
 TEMPLATE = CHART / "templates" / "prometheusrule.yaml"
-
-# Thresholds as a user writes them in values (a list for group_labels) and as --set takes
-# them; each form the command accepts, so the chart's helpers meet every one.
-TUNED: dict[str, Any] = {
-    "leaked_lock_after": "1h30m",
-    "leaked_lock_for": 90,
-    "wait_after": "500ms",
-    "waiters": 3,
-    "lock_table_warning": 0.55,
-    "lock_table_critical": 0.9,
-    "backend_lock_budget": 2.5,
-    "deadlocks_window": "1d",
-    "deadlocks": 2,
-    "exporter_job": "locks",
-    "selector": 'cluster="eu-1"',
-    "group_labels": ["namespace", "region"],
-    "runbook_url": "https://wiki.example.com/runbook",
-}
-
-
-def _set_flags(thresholds: dict[str, Any]) -> list[str]:
-    flags: list[str] = []
-    for name, value in thresholds.items():
-        text = ",".join(value) if isinstance(value, list) else str(value)
-        flags += ["--set", f"{name}={text}"]
-    return flags
 
 
 def _chart_rule(values: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +51,7 @@ def test_off_by_default() -> None:
     assert "kind: PrometheusRule" not in "".join(rendered.values())
 
 
-@pytest.mark.parametrize("thresholds", [{}, TUNED], ids=["defaults", "tuned"])
+@pytest.mark.parametrize("thresholds", [{}, TUNED_THRESHOLDS], ids=["defaults", "tuned"])
 def test_the_chart_renders_what_the_command_prints(cli: Cli, thresholds: dict[str, Any]) -> None:
     labels = {"release": "kube-prometheus-stack"}
     rule = _chart_rule(
@@ -91,7 +65,7 @@ def test_the_chart_renders_what_the_command_prints(cli: Cli, thresholds: dict[st
     )
     printed = cli(
         "rules", "--format", "prometheusrule", "--label", "release=kube-prometheus-stack",
-        *_set_flags(thresholds), check=True,
+        *set_flags(thresholds), check=True,
     ).stdout  # fmt: skip
     expected = yaml.safe_load(printed)
     assert rule["spec"] == expected["spec"]

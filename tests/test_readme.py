@@ -17,10 +17,14 @@ README = ROOT / "README.md"
 DOCUMENTS = [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A newcomer reads the front page in one sitting; what goes deeper belongs in docs/.
 README_MAX_LINES = 300
-# Where the project's text is: documents, code, tests, the chart, rules and build files.
-TEXT_ROOTS = ["exporter", "tests", "devtools", "benchmarks", "grafana", "deploy", "alerts", ".ci"]
+# Where the project's text is: documents, code, tests, the chart, the mixin, rules and build
+# files.
+TEXT_ROOTS = [
+    "exporter", "tests", "devtools", "benchmarks", "grafana", "deploy", "alerts",
+    "pg-advisory-exporter-mixin", ".ci",
+]  # fmt: skip
 TEXT_FILES = ["Makefile", "Dockerfile", "pyproject.toml"]
-TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".json", ".tpl", ".txt", ""}
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".json", ".tpl", ".libsonnet", ".txt", ""}
 # Documents the project was written from, which are not in the repository.
 OUTSIDE = re.compile(
     r"\.\./shared|/work[/]shared|postgres[-]facts|seed\sarticle|\bthe\sseed\b", re.I
