@@ -61,9 +61,9 @@ class Daemon:
         )
         self._access = None if web is None else WebAccess(web)
         self.collectors = CollectorRegistry()  # prometheus_client's, not the key registry
-        reloaded = None if self._access is None else self._access.reloaded
+        web_samples = None if self._access is None else self._access.samples
         self.collectors.register(
-            ExporterCollector(self.targets, self.pool, lambda: self.config.shard, reloaded)
+            ExporterCollector(self.targets, self.pool, lambda: self.config.shard, web_samples)
         )
         ProcessCollector(registry=self.collectors)
         self.collectors.register(DiscoveredCollector(self._discovered))

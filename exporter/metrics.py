@@ -254,6 +254,13 @@ SPECS = {
             "0 if it was refused and the previous one stays; absent without the file.",
         ),
         MetricSpec(
+            "pg_advisory_exporter_web_rate_limited_total",
+            "counter",
+            (),
+            "Requests answered 429 by the web configuration's rate_limit (every endpoint but "
+            "/-/healthy counts against it); absent without the file.",
+        ),
+        MetricSpec(
             "pg_advisory_exporter_discovered_targets",
             "gauge",
             (),
@@ -376,3 +383,7 @@ def build_info(version: str, python_version: str) -> Sample:
 
 def web_config_reload(successful: bool) -> Sample:
     return Sample("pg_advisory_exporter_web_config_last_reload_successful", (), successful)
+
+
+def web_rate_limited(refused: int) -> Sample:
+    return Sample("pg_advisory_exporter_web_rate_limited_total", (), refused)

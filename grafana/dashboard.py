@@ -762,18 +762,24 @@ def _exporter() -> list[PanelBuilder]:
             ],
         ),
         _timeseries(
-            "Refused probes",
+            "Refused probes and requests",
             "Probes through an auth module refused before any connection, per second, by "
             "reason: not_allowed is a target outside allowed_targets (a discovery that finds "
             "more than the allow-list admits, or a caller trying), limit_reached is "
-            "discovered_targets.max.",
+            "discovered_targets.max. rate_limit: requests of any endpoint but /-/healthy "
+            "answered 429 by the web configuration's rate_limit, scrapes included.",
             "ops",
             [
                 Query(
                     f"sum by (reason) (rate({sel('pg_advisory_exporter_probe_refusals_total')}"
                     "[$__rate_interval]))",
                     "{{reason}}",
-                )
+                ),
+                Query(
+                    f"sum(rate({sel('pg_advisory_exporter_web_rate_limited_total')}"
+                    "[$__rate_interval]))",
+                    "rate_limit",
+                ),
             ],
         ),
         _timeseries(

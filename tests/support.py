@@ -390,12 +390,23 @@ class Tls:
         cert.cert_chain_pems[0].write_to_path(str(self.cert_file))
         return ssl.PEM_cert_to_DER_cert(self.cert_file.read_text())
 
-    def client(self, certificate: bool = False) -> ssl.SSLContext:
-        """A client that trusts the CA, and shows the client certificate if asked to."""
+    def client(self, certificate: bool | Path = False) -> ssl.SSLContext:
+        """A client that trusts the CA, and shows the client certificate if asked to (or
+        the one of this file, from `client_cert`)."""
         context = ssl.create_default_context(cafile=str(self.ca_file))
         if certificate:
-            context.load_cert_chain(str(self.client_file))
+            chosen = self.client_file if certificate is True else certificate
+            context.load_cert_chain(str(chosen))
         return context
+
+    def client_cert(self, name: str, *identities: str) -> Path:
+        """A client certificate of the CA with these SANs (DNS names, IP addresses, e-mail
+        addresses), its key in the same file, `name`.pem; the key alone in `name`-key.pem."""
+        cert = self.ca.issue_cert(*identities)
+        path = self.folder / f"{name}.pem"
+        cert.private_key_and_cert_chain_pem.write_to_path(str(path))
+        cert.private_key_pem.write_to_path(str(self.folder / f"{name}-key.pem"))
+        return path
 
 
 Labels = dict[str, str]

@@ -20,7 +20,7 @@ from pg_advisory_exporter.collect.scheduling import CollectionPool, Priority, Ta
 from pg_advisory_exporter.collect.server import Collection
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.fleet.sharding import Shard
-from pg_advisory_exporter.metrics import Sample, build_info, families, web_config_reload
+from pg_advisory_exporter.metrics import Sample, build_info, families
 
 log = logs.named("collector")
 
@@ -144,20 +144,19 @@ def _outcome(pending: Collection | Future[Collection]) -> Collection | None:
 
 class ExporterCollector(Collector):
     """Every configured target of the shard, plus the exporter's build information, its
-    shard and, with a web configuration, whether its last change took effect: /metrics."""
+    shard and, with a web configuration, its series (the last change, the rate limit): /metrics."""
 
     def __init__(
         self,
         targets: Callable[[], Sequence[Target]],
         pool: CollectionPool,
         shard: Callable[[], Shard],
-        web_config_reloaded: Callable[[], bool] | None = None,
+        web_samples: Callable[[], list[Sample]] | None = None,
     ) -> None:
         self._targets = targets  # read at each scrape: a reload may change them
         self._pool = pool
         self._shard = shard  # the same
-        # Whether the last change to the web configuration took effect (None: no file).
-        self._web_config_reloaded = web_config_reloaded
+        self._web_samples = web_samples  # None: no web configuration file
         self._timer = AnswerTimer()
 
     def describe(self) -> Iterable[Metric]:
@@ -166,8 +165,8 @@ class ExporterCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         samples = [build_info(__version__, platform.python_version())]
         samples += shard_samples(self._shard())
-        if self._web_config_reloaded is not None:
-            samples.append(web_config_reload(self._web_config_reloaded()))
+        if self._web_samples is not None:
+            samples += self._web_samples()
         return families(samples + target_samples(self._targets(), self._pool, self._timer))
 
 

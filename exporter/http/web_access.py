@@ -1,17 +1,21 @@
-"""Enforcing the web configuration: TLS on every connection, basic auth and headers on every
-answer, and the file (with the certificates it names) read again when any of them changes.
+"""Enforcing the web configuration: TLS on every connection (and the client certificate's
+SANs), the rate limit, basic auth and headers on every answer, and the file (with the
+certificates it names) read again when any of them changes.
 
 As exporter-toolkit does, a rotated certificate or a new user takes effect on the next
 connection or request, without a restart. A change that cannot be loaded (a certificate
 written before its key, a typo), or that would weaken the protection (TLS on or off, every
-user gone, an empty file: what an editor or `cat new > web.yml` leaves mid-write), is logged
-and the last good configuration stays.
+user gone, every allowed SAN gone, an empty file: what an editor or `cat new > web.yml`
+leaves mid-write), is logged and the last good configuration stays. A new rate limit takes
+effect at once, a removed one too: it bounds the exporter's work, not who may read it.
 """
 
 from __future__ import annotations
 
 import binascii
 import hmac
+import ipaddress
+import math
 import os
 import socket
 import ssl
@@ -23,8 +27,11 @@ from typing import Any
 import bcrypt
 
 from pg_advisory_exporter import logs
+from pg_advisory_exporter.endpoints import HEALTHY_PATH
+from pg_advisory_exporter.metrics import Sample, web_config_reload, web_rate_limited
 from pg_advisory_exporter.schema import ConfigError
 
+from .rate_limit import TokenBucket
 from .web_config import WebSettings, read_web_config
 
 log = logs.named("web_access")
@@ -60,6 +67,37 @@ def _stamp(files: Iterable[Path]) -> Stamp:
 def _cost(hashed: bytes) -> int:
     """A bcrypt hash's cost, the `12` of `$2b$12$...` (web_config checked the form)."""
     return int(hashed[4:6])
+
+
+def certificate_sans(certificate: dict[str, Any]) -> list[str]:
+    """A verified certificate's SANs as Go's crypto/x509 spells those exporter-toolkit
+    matches: DNS names, e-mail addresses, IP addresses (net.IP's String(): compressed
+    IPv6, an IPv4-mapped one as IPv4; Python's ssl writes them in full, upper case), URIs."""
+    found: list[str] = []
+    for kind, value in certificate.get("subjectAltName", ()):
+        if kind == "IP Address":
+            try:
+                address = ipaddress.ip_address(value.strip())
+            except ValueError:  # "<invalid>": an address of neither 4 nor 16 bytes
+                continue
+            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+                address = address.ipv4_mapped
+            found.append(str(address))
+        elif kind in ("DNS", "email", "URI"):
+            found.append(value)
+    return found
+
+
+class CertificateRefused(OSError):
+    """A client whose verified certificate has none of the allowed SANs: its connection is
+    closed after the handshake, before any request is read."""
+
+
+def _bucket(limit: tuple[float, int] | None, kept: TokenBucket | None) -> TokenBucket | None:
+    """The bucket for a rate limit, the one kept retuned if there is one."""
+    if limit is None:
+        return None
+    return TokenBucket(*limit) if kept is None else kept.retuned(*limit)
 
 
 def _credentials(header: str | None) -> tuple[str, bytes] | None:
@@ -98,10 +136,14 @@ class WebAccess:
         # among the users' hashes, so that an unknown name takes as long as a known one (a
         # fixed hash of cost 10 answered 160 ms sooner than users of cost 12).
         self._decoys: dict[int, bytes] = {}
+        self._bucket = _bucket(settings.rate_limit, None)
+        self._counting = threading.Lock()
+        self.rate_limited = 0  # pg_advisory_exporter_web_rate_limited_total
 
-    def reloaded(self) -> bool:
-        """Whether the last change to the file took effect (the exporter's series)."""
-        return self.last_reload_successful
+    def samples(self) -> list[Sample]:
+        """The exporter's series of the web configuration: whether the last change to the
+        file took effect, the requests the rate limit refused."""
+        return [web_config_reload(self.last_reload_successful), web_rate_limited(self.rate_limited)]
 
     @property
     def tls(self) -> bool:
@@ -133,22 +175,51 @@ class WebAccess:
         if self._settings.users and not settings.users:
             self._refuse(f"{path}: removing every basic auth user takes a restart")
             return
+        if self._settings.allowed_sans and not settings.allowed_sans:
+            self._refuse(f"{path}: removing client_allowed_sans takes a restart")
+            return
+        self._bucket = _bucket(settings.rate_limit, self._bucket)
         self._settings = settings
         self._stamp = _stamp(settings.files)
         self.last_reload_successful = True
         verified = self._verified.items()  # a password changed or a user gone is forgotten
         self._verified = {u: kept for u, kept in verified if settings.users.get(u) == kept[0]}
-        log.info("web configuration reloaded", extra={"file": str(path)})
+        log.info("web configuration reloaded", extra={"file": str(path), "now": settings.summary})
 
     def _refuse(self, error: str) -> None:
         self.last_reload_successful = False
         log.error("web configuration not reloaded; the last one stays", extra={"error": error})
 
     def wrap(self, connection: socket.socket) -> ssl.SSLSocket:
-        """TLS on an accepted connection, with the certificate in force now."""
-        context = self.current().tls
-        assert context is not None, "wrap() is only called when TLS is on"
-        return context.wrap_socket(connection, server_side=True)
+        """TLS on an accepted connection, with the certificate in force now; closed, and
+        CertificateRefused raised, when the client's certificate has none of the allowed SANs
+        (exporter-toolkit fails the handshake; Python's ssl has no hook in it)."""
+        settings = self.current()
+        assert settings.tls is not None, "wrap() is only called when TLS is on"
+        wrapped = settings.tls.wrap_socket(connection, server_side=True)
+        if not settings.allowed_sans:
+            return wrapped
+        sans = certificate_sans(
+            wrapped.getpeercert() or {}
+        )  # verified: client_auth_type requires it
+        if settings.allowed_sans.isdisjoint(sans):
+            client = wrapped.getpeername()[0]
+            wrapped.close()
+            log.warning(
+                "TLS client refused: its certificate has none of client_allowed_sans",
+                extra={"client": client, "sans": ", ".join(sans)[:512] or "none"},
+            )
+            raise CertificateRefused(f"{client}: no allowed SAN in its certificate")
+        return wrapped
+
+    def _limited(self) -> float | None:
+        """None if the rate limit lets a request through, else the seconds until it would."""
+        bucket = self._bucket
+        wait = None if bucket is None else bucket.take()
+        if wait is not None:
+            with self._counting:
+                self.rate_limited += 1
+        return wait
 
     def _authorized(self, settings: WebSettings, header: str | None) -> bool | None:
         """Whether the header names a user and its password; None when too many checks run."""
@@ -184,7 +255,8 @@ class WebAccess:
         return decoy
 
     def guard(self, app: WsgiApp) -> WsgiApp:
-        """Every endpoint behind the file's users, and its headers on every answer."""
+        """Every endpoint behind the rate limit (liveness aside) and the file's users, and its
+        headers on every answer."""
 
         def guarded(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
             settings = self.current()
@@ -192,17 +264,24 @@ class WebAccess:
             def start(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
                 return start_response(status, [*headers, *settings.headers], *exc_info)
 
-            authorized = not settings.users or self._authorized(
-                settings, environ.get("HTTP_AUTHORIZATION")
-            )
-            if authorized:
-                return app(environ, start)
-            if authorized is None:
-                status, body = "429 Too Many Requests", b"Too many password checks; retry\n"
-                headers = [("Retry-After", "1")]
+            # Before the password, as in Go: a refusal costs nothing. The kubelet's liveness
+            # probe is never refused: a flood must not have the exporter restarted.
+            wait = None if environ.get("PATH_INFO") == HEALTHY_PATH else self._limited()
+            if wait is not None:
+                status, body = "429 Too Many Requests", b"Too Many Requests\n"
+                headers = [("Retry-After", str(max(1, math.ceil(wait))))]
             else:
-                status, body = "401 Unauthorized", b"Unauthorized\n"
-                headers = [("WWW-Authenticate", CHALLENGE)]
+                authorized = not settings.users or self._authorized(
+                    settings, environ.get("HTTP_AUTHORIZATION")
+                )
+                if authorized:
+                    return app(environ, start)
+                if authorized is None:
+                    status, body = "429 Too Many Requests", b"Too many password checks; retry\n"
+                    headers = [("Retry-After", "1")]
+                else:
+                    status, body = "401 Unauthorized", b"Unauthorized\n"
+                    headers = [("WWW-Authenticate", CHALLENGE)]
             start(status, [*headers, ("Content-Type", "text/plain; charset=utf-8")])
             return [] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
 

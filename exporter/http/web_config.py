@@ -1,25 +1,34 @@
 """The web configuration file (--web.config.file), in the exporter-toolkit format.
 
 The same keys and meaning as every Go exporter (node_exporter, postgres_exporter) and
-Prometheus itself, so one file and `promtool check web-config` serve them all: TLS, basic
-auth users (bcrypt hashes) and extra response headers. Relative paths are relative to the
-file's folder. What Python's ssl module cannot honour is refused with the key named, never
-ignored: a file that asks for a protection we would not give must not start.
+Prometheus itself, so one file and `promtool check web-config` serve them all: TLS (with
+certificates in files or inline, and the SANs a client certificate must have), basic auth
+users (bcrypt hashes), extra response headers and a rate limit. Relative paths are relative
+to the file's folder. What Python's ssl module cannot honour is refused with the key named,
+never ignored: a file that asks for a protection we would not give must not start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import ssl
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
+    StrictInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -94,6 +103,39 @@ def _bcrypt_hash(value: str) -> str:
 
 BcryptHash = Annotated[str, AfterValidator(_bcrypt_hash)]
 
+# An inline certificate chain, key or CA bundle longer than this is a mistake: Mozilla's
+# whole CA bundle is about 220 KiB. The file itself is capped at 8 MiB (yaml_file.py).
+MAX_INLINE_PEM = 1024 * 1024
+# Go's time.ParseDuration, which yaml.v2 applies to exporter-toolkit's rate_limit.interval:
+# numbers with a fraction if any and a unit each, in any order, or a bare 0.
+_GO_UNITS = {"ns": "1e-9", "us": "1e-6", "µs": "1e-6", "μs": "1e-6", "ms": "1e-3", "s": "1",
+             "m": "60", "h": "3600"}  # fmt: skip
+_GO_PART = re.compile(rf"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)({'|'.join(_GO_UNITS)})")
+_GO_DURATION = re.compile(rf"[-+]?(?:(?:{_GO_PART.pattern})+|0)")
+_GO_LONGEST = Decimal(2**63 - 1) / 10**9  # an int64 of nanoseconds, about 292 years
+_GO_EXAMPLES = "write it as Go does: 500ms, 1s, 1m30s, 1h"
+
+
+def _go_duration(value: object) -> float:
+    """Seconds from a duration as exporter-toolkit reads one (Go's "1m30s", "1.5s"), never
+    negative: Go takes a negative interval as no limit at all, surely not what was meant."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value == 0:
+            return 0.0
+        # yaml.v2 reads a bare number into a time.Duration as nanoseconds.
+        raise ValueError(f"{value} has no unit, which Go reads as nanoseconds; {_GO_EXAMPLES}")
+    if not isinstance(value, str) or not _GO_DURATION.fullmatch(value):
+        raise ValueError(f"{value!r} is not a duration; {_GO_EXAMPLES}")
+    seconds = sum(
+        (Decimal(number) * Decimal(_GO_UNITS[unit]) for number, unit in _GO_PART.findall(value)),
+        Decimal(0),
+    )
+    if value.startswith("-") and seconds:
+        raise ValueError("must not be negative (0 turns the rate limit off)")
+    if seconds > _GO_LONGEST:
+        raise ValueError(f"{value!r} is longer than Go's longest duration (about 292 years)")
+    return float(seconds)
+
 
 class _Block(Strict):
     # yaml.v2 reads a number where a string is due as its text (cert_file: 12 is "12").
@@ -107,10 +149,15 @@ class _Block(Strict):
 
 
 class TlsServerConfig(_Block):
+    # The files before their inline forms, which are checked against them.
     cert_file: str = ""
     key_file: str = ""
     client_auth_type: str = ""
     client_ca_file: str = ""
+    cert: str = ""
+    key: SecretStr = SecretStr("")  # a Secret in Go: never logged, never in a message
+    client_ca: str = ""
+    client_allowed_sans: tuple[str, ...] | None = None
     cipher_suites: tuple[str, ...] = ()
     curve_preferences: tuple[str, ...] = ()
     min_version: str = "TLS12"
@@ -156,25 +203,90 @@ class TlsServerConfig(_Block):
             raise ValueError(f"invalid client_auth_type: {name} (use {known})")
         return name
 
+    @field_validator("cert", "key", "client_ca")
+    @classmethod
+    def _inline_or_file(cls, value: str | SecretStr, info: ValidationInfo) -> str | SecretStr:
+        # Go takes the file and ignores the text when both are given (its docs: "should not
+        # be specified"); which one serves must not be a guess. The text is never quoted.
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        name = info.field_name
+        if text and info.data.get(f"{name}_file"):
+            raise ValueError(f"give {name} or {name}_file, not both")
+        if len(text) > MAX_INLINE_PEM:
+            raise ValueError(
+                f"longer than {MAX_INLINE_PEM // 1024} KiB, more than any certificate chain "
+                "or CA bundle; is this the right text?"
+            )
+        return value
+
+    @field_validator("client_allowed_sans")
+    @classmethod
+    def _sans_of_verified_certificates(
+        cls, sans: tuple[str, ...] | None, info: ValidationInfo
+    ) -> tuple[str, ...] | None:
+        if sans is None:  # `client_allowed_sans:` with nothing: no list, as in Go
+            return None
+        if not sans:
+            raise ValueError(
+                "an empty list admits no client; leave it out to admit every client whose "
+                "certificate the client CA verifies"
+            )
+        auth = info.data.get("client_auth_type")  # absent: refused above, already said
+        if auth is not None and auth != "RequireAndVerifyClientCert":
+            raise ValueError(
+                f"needs client_auth_type: RequireAndVerifyClientCert, not {auth or 'none'}: "
+                "a client that sends no certificate has no SAN to check (and under "
+                "NoClientCert, Go ignores the list)"
+            )
+        return sans
+
     @model_validator(mode="after")
     def _complete(self) -> TlsServerConfig:
         if not self.enabled:
             return self
-        if not self.cert_file:
-            raise ValueError("missing cert_file")
-        if not self.key_file:
-            raise ValueError("missing key_file")
-        if self.client_ca_file and CLIENT_AUTH_TYPES[self.client_auth_type] == ssl.CERT_NONE:
+        if not (self.cert_file or self.cert):
+            raise ValueError("missing cert_file (or cert, inline)")
+        if not (self.key_file or self.key.get_secret_value()):
+            raise ValueError("missing key_file (or key, inline)")
+        if (self.client_ca_file or self.client_ca) and (
+            CLIENT_AUTH_TYPES[self.client_auth_type] == ssl.CERT_NONE
+        ):
+            which = "client_ca_file" if self.client_ca_file else "client_ca"
             raise ValueError(
-                "client_ca_file is set without a client_auth_type that checks certificates "
+                f"{which} is set without a client_auth_type that checks certificates "
                 "(VerifyClientCertIfGiven or RequireAndVerifyClientCert)"
             )
         return self
 
     @property
     def enabled(self) -> bool:
-        """As in Go: any of these four turns TLS on (and then both files are required)."""
-        return any((self.cert_file, self.key_file, self.client_auth_type, self.client_ca_file))
+        """As in Go: any of these turns TLS on (and then a certificate and key are required)."""
+        return any(
+            (self.cert_file, self.key_file, self.client_auth_type, self.client_ca_file,
+             self.cert, self.key.get_secret_value(), self.client_ca)
+        )  # fmt: skip
+
+
+class RateLimit(_Block):
+    """exporter-toolkit's token bucket on the endpoints (http/rate_limit.py); 0s is off."""
+
+    interval: Annotated[float, BeforeValidator(_go_duration)] = 0.0
+    burst: StrictInt = Field(default=0, ge=0, validate_default=True)
+
+    @field_validator("burst")
+    @classmethod
+    def _a_token_at_least(cls, burst: int, info: ValidationInfo) -> int:
+        if info.data.get("interval") and burst < 1:
+            raise ValueError(
+                "must be at least 1 with an interval: a bucket of 0 tokens (Go's default) "
+                "refuses every request"
+            )
+        return burst
+
+    @property
+    def bucket(self) -> tuple[float, int] | None:
+        """The bucket's interval (seconds) and burst; None when it is off."""
+        return (self.interval, self.burst) if self.interval else None
 
 
 class HttpServerConfig(_Block):
@@ -201,6 +313,7 @@ class WebConfigFile(_Block):
     tls_server_config: TlsServerConfig = TlsServerConfig()
     http_server_config: HttpServerConfig = HttpServerConfig()
     basic_auth_users: dict[str, BcryptHash] = Field(default_factory=dict)
+    rate_limit: RateLimit = RateLimit()
 
 
 @dataclass(frozen=True)
@@ -212,6 +325,8 @@ class WebSettings:
     users: Mapping[str, bytes] = field(default_factory=dict)  # name: bcrypt hash
     headers: tuple[tuple[str, str], ...] = ()
     files: tuple[Path, ...] = ()  # every file read: a change to one of them reloads
+    allowed_sans: frozenset[str] = frozenset()  # empty: every verified client certificate
+    rate_limit: tuple[float, int] | None = None  # the bucket's interval (seconds) and burst
 
     @property
     def summary(self) -> str:
@@ -224,7 +339,80 @@ class WebSettings:
                 ssl.CERT_OPTIONAL: "TLS on, client certificates verified if given",
                 ssl.CERT_REQUIRED: "TLS on, client certificates required",
             }[self.tls.verify_mode]
-        return f"{tls}, {len(self.users)} basic auth user(s), {len(self.headers)} header(s)"
+        if self.allowed_sans:
+            tls += f" with one of {len(self.allowed_sans)} allowed SAN(s)"
+        summary = f"{tls}, {len(self.users)} basic auth user(s), {len(self.headers)} header(s)"
+        if self.rate_limit is not None:
+            interval, burst = self.rate_limit
+            summary += f", rate limit of {burst} request(s) then one per {interval:g}s"
+        return summary
+
+
+class _Encrypted(Exception):
+    """What the passphrase callback raises: OpenSSL would otherwise ask on the terminal."""
+
+
+def _no_passphrase() -> bytes:
+    raise _Encrypted
+
+
+def _memory_file(pem: str) -> int | None:
+    """A memfd holding `pem` that OpenSSL can open as /proc/self/fd/N, or None where there
+    is none (not Linux, no /proc)."""
+    try:
+        fd = os.memfd_create("pg-advisory-exporter-web-config", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+    try:
+        data = memoryview(pem.encode())
+        while data:
+            data = data[os.write(fd, data) :]
+        if os.access(f"/proc/self/fd/{fd}", os.R_OK):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+@contextlib.contextmanager
+def _readable(pem: str) -> Iterator[str]:
+    """A path to inline PEM text, for ssl's load_cert_chain, which reads only files: in
+    memory (a memfd: the image's root is read-only, and a key must not touch a disk), else
+    a file of mode 0600 in a private folder (0700) that is removed at once after."""
+    fd = _memory_file(pem)
+    if fd is not None:
+        try:
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="pg-advisory-exporter-") as folder:
+        path = os.path.join(folder, "pem")
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+            out.write(pem)
+        yield path
+
+
+def _load_chain(context: ssl.SSLContext, config: TlsServerConfig, folder: Path) -> str | None:
+    """The certificate and key (files or inline) into `context`; the problem, if any, never
+    quoting the text."""
+    with contextlib.ExitStack() as stack:
+
+        def where(path: str, text: str) -> str:
+            return str(folder / path) if path else stack.enter_context(_readable(text))
+
+        try:
+            context.load_cert_chain(
+                where(config.cert_file, config.cert),
+                where(config.key_file, config.key.get_secret_value()),
+                password=_no_passphrase,
+            )
+        except _Encrypted:
+            return "the key is encrypted, which Go's exporters cannot read either; decrypt it"
+        except OSError as exc:  # ssl.SSLError is one
+            return f"cannot load the certificate and key: {exc.strerror or exc}"
+    return None
 
 
 def _ssl_context(config: TlsServerConfig, folder: Path, source: str) -> ssl.SSLContext:
@@ -232,11 +420,9 @@ def _ssl_context(config: TlsServerConfig, folder: Path, source: str) -> ssl.SSLC
         return ConfigError(f"{source}: tls_server_config.{key}: {problem}")
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(folder / config.cert_file, folder / config.key_file)
-    except OSError as exc:  # ssl.SSLError is one
-        problem = exc.strerror or str(exc)
-        raise error("cert_file", f"cannot load the certificate and key: {problem}") from None
+    problem = _load_chain(context, config, folder)
+    if problem is not None:
+        raise error("cert_file" if config.cert_file else "cert", problem)
     context.minimum_version = TLS_VERSIONS[config.min_version]
     context.maximum_version = TLS_VERSIONS[config.max_version]
     if config.prefer_server_cipher_suites:
@@ -254,14 +440,17 @@ def _ssl_context(config: TlsServerConfig, folder: Path, source: str) -> ssl.SSLC
                 raise error("cipher_suites", "this Python's OpenSSL offers none of them") from None
     context.verify_mode = CLIENT_AUTH_TYPES[config.client_auth_type]
     if context.verify_mode != ssl.CERT_NONE:
-        if config.client_ca_file:
-            try:
+        try:
+            if config.client_ca_file:
                 context.load_verify_locations(folder / config.client_ca_file)
-            except OSError as exc:
-                problem = exc.strerror or str(exc)
-                raise error("client_ca_file", f"cannot load: {problem}") from None
-        else:
-            context.load_default_certs(ssl.Purpose.CLIENT_AUTH)  # Go uses the system's too
+            elif config.client_ca:
+                context.load_verify_locations(cadata=config.client_ca)
+            else:
+                context.load_default_certs(ssl.Purpose.CLIENT_AUTH)  # Go uses the system's too
+        except (OSError, TypeError) as exc:  # TypeError: inline text that is not ASCII
+            key = "client_ca_file" if config.client_ca_file else "client_ca"
+            problem = exc.strerror if isinstance(exc, OSError) else None
+            raise error(key, f"cannot load: {problem or exc}") from None
     return context
 
 
@@ -295,4 +484,6 @@ def read_web_config(path: Path, *, allow_empty: bool = True) -> WebSettings:
         users={user: hashed.encode() for user, hashed in config.basic_auth_users.items()},
         headers=tuple(config.http_server_config.headers.items()),
         files=tuple(files),
+        allowed_sans=frozenset(tls.client_allowed_sans or ()),
+        rate_limit=config.rate_limit.bucket,
     )
