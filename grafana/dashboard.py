@@ -20,6 +20,7 @@ from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from grafana.schema import unknown_fields
 from pg_advisory_exporter.alerting.alerts import ANSWERS_FOR_SERVER
 from pg_advisory_exporter.alerting.rules import RUNBOOK_URL, Thresholds
 from pg_advisory_exporter.metrics import SPECS
@@ -874,7 +875,11 @@ def build() -> model.Dashboard:
 
 
 def main() -> None:
-    print(json.dumps(build(), cls=JSONEncoder, sort_keys=True, indent=2))
+    document = json.dumps(build(), cls=JSONEncoder, sort_keys=True, indent=2)
+    unknown = unknown_fields(json.loads(document))
+    if unknown:  # never write a dashboard that Grafana's own models do not read back whole
+        raise SystemExit("fields Grafana does not know:\n" + "\n".join(unknown))
+    print(document)
 
 
 if __name__ == "__main__":
