@@ -44,6 +44,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
+from benchmarks import positive
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
 from pg_advisory_exporter.collect.capacity import lock_table_capacity
 from pg_advisory_exporter.collect.snapshot import collect_sql, read_snapshot
@@ -669,21 +670,14 @@ def format_report(result: Result) -> str:
 # -- the command ----------------------------------------------------------------------------
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return number
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.collection_cost",
         description="Measure the exporter's collection cost and memory on many advisory locks.",
     )
-    parser.add_argument("--locks", type=_positive, default=100_000, help="advisory locks held")
-    parser.add_argument("--backends", type=_positive, default=100, help="backends holding them")
-    parser.add_argument("--repeat", type=_positive, default=100, help="timed runs and scrapes")
+    parser.add_argument("--locks", type=positive, default=100_000, help="advisory locks held")
+    parser.add_argument("--backends", type=positive, default=100, help="backends holding them")
+    parser.add_argument("--repeat", type=positive, default=100, help="timed runs and scrapes")
     parser.add_argument("--pg-version", type=int, default=DEFAULT_MAJOR, help="major version")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
     args = parser.parse_args(argv)

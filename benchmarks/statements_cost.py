@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks import positive
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import prepare_session
 from pg_advisory_exporter.collect.statements import StatementsRead, read_statements
@@ -155,21 +156,14 @@ def format_report(result: Result) -> str:
     ])  # fmt: skip
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return number
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.statements_cost",
         description="Measure what reading pg_stat_statements for risky statements costs.",
     )
-    parser.add_argument("--statements", type=_positive, default=5000, help="distinct statements")
+    parser.add_argument("--statements", type=positive, default=5000, help="distinct statements")
     parser.add_argument("--advisory", type=int, default=500, help="of them, advisory ones")
-    parser.add_argument("--repeat", type=_positive, default=30, help="timed rounds")
+    parser.add_argument("--repeat", type=positive, default=30, help="timed rounds")
     parser.add_argument("--pg-version", type=int, default=DEFAULT_MAJOR, help="major version")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
     return parser.parse_args(argv)

@@ -344,9 +344,14 @@ def test_every_query_returns_series_from_a_real_prometheus(
     ]
     # The suite's server's log, where what happens between scrapes is written.
     config["targets"][0]["server_log"] = {"path": str(pg.logfile), "line_prefix": SUITE_LOG_PREFIX}
+    # A web configuration file with a rate limit, for its refusals' series (never reached).
+    web_config = tmp_path / "web-config.yml"
+    web_config.write_text("rate_limit:\n  interval: 1s\n  burst: 1000\n")
     exporter = start_exporter(
-        "--web.external-url", "http://exporter.example.com", config={**config, "keys": REGISTRY}
-    )
+        "--web.external-url", "http://exporter.example.com",
+        "--web.config.file", str(web_config),
+        config={**config, "keys": REGISTRY},
+    )  # fmt: skip
     with seed_scenarios(session):
         exporter.scrape_until(lambda s: sum(v for _, v in s.find("pg_advisory_waiters")) == 1)
         every_event(pg.dsn())
