@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import PG_MAJOR
@@ -14,18 +15,25 @@ from support import PG_MAJOR
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.pg  # starts its own server
-@pytest.mark.any_version  # what it measures is timed, not checked; the statement is elsewhere
-def test_the_collection_cost_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
+def _run(module: str, tmp_path: Path, *args: str) -> tuple[dict[str, Any], str]:
+    """Run `python -m benchmarks.<module>` small against this version: its figures (from
+    --json) and what it printed; fail the test with its stderr if it fails."""
     figures = tmp_path / "figures.json"
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.collection_cost", "--locks", "300",
-         "--backends", "3", "--repeat", "3", "--pg-version", str(PG_MAJOR),
+        [sys.executable, "-m", f"benchmarks.{module}", *args, "--pg-version", str(PG_MAJOR),
          "--json", str(figures)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(figures.read_text())
+    return json.loads(figures.read_text()), result.stdout
+
+
+@pytest.mark.pg  # starts its own server
+@pytest.mark.any_version  # what it measures is timed, not checked; the statement is elsewhere
+def test_the_collection_cost_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
+    report, printed = _run(
+        "collection_cost", tmp_path, "--locks", "300", "--backends", "3", "--repeat", "3"
+    )
     assert report["locks"] == 300
     assert [c["rows"] for c in report["configurations"]] == [3, 3, 3, 3, 3]
     assert all(len(c["ms"]) == 3 for c in report["configurations"])
@@ -39,21 +47,16 @@ def test_the_collection_cost_benchmark_runs_and_reports_every_figure(tmp_path: P
         assert all(ms > 0 for ms in run["collect_duration_ms"] + run["baseline_ms"])
         assert 0 < run["peak_rss_mb"] < 200
     assert report["end_to_end_paired_ratio_median"] > 0
-    assert "end to end, default (built-in catalog)" in result.stdout
+    assert "end to end, default (built-in catalog)" in printed
 
 
 @pytest.mark.pg  # starts its own server
 @pytest.mark.any_version  # the exporter's side of a fleet: the version does not change it
 def test_the_fleet_benchmark_runs_every_part_with_distinct_servers(tmp_path: Path) -> None:
-    figures = tmp_path / "figures.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fleet_scale", "--targets", "20", "--healthy", "2",
-         "--timeout", "2", "--scrapes", "1", "--per-target", "3", "--names", "3",
-         "--pg-version", str(PG_MAJOR), "--json", str(figures)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    report, printed = _run(
+        "fleet_scale", tmp_path, "--targets", "20", "--healthy", "2", "--timeout", "2",
+        "--scrapes", "1", "--per-target", "3", "--names", "3",
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(figures.read_text())
     # Each healthy target is a server of its own: its own connection, its own collection.
     assert report["throughput"]["connections"] == 2
     assert report["throughput"]["collections_per_second"] > 0
@@ -70,21 +73,15 @@ def test_the_fleet_benchmark_runs_every_part_with_distinct_servers(tmp_path: Pat
         (run["names"], run["connections"], run["reads_per_scrape"], run["answering_for_the_server"])
         for run in report["sharing"]
     ] == [(1, 1, 1, [1]), (3, 1, 1, [1]), (3, 3, 3, [3])]
-    assert "collections/s" in result.stdout
+    assert "collections/s" in printed
 
 
 @pytest.mark.pg  # starts its own server
 @pytest.mark.any_version  # timed, not checked: the rules are judged in tests/test_hygiene.py
 def test_the_statements_benchmark_reads_and_judges_what_the_client_ran(tmp_path: Path) -> None:
-    figures = tmp_path / "figures.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.statements_cost", "--statements", "150",
-         "--advisory", "30", "--repeat", "3", "--pg-version", str(PG_MAJOR),
-         "--json", str(figures)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(figures.read_text())
+    report, _ = _run(
+        "statements_cost", tmp_path, "--statements", "150", "--advisory", "30", "--repeat", "3"
+    )
     assert report["statements"] >= 150
     assert report["risky"] == 10  # every third advisory statement: the LIMIT form
     assert len(report["read_ms"]) == len(report["floor_ms"]) == 3
