@@ -92,9 +92,28 @@ def test_a_wait_counts_once_by_its_key_name(log: Log) -> None:
     assert counted(samples, "pg_advisory_log_lock_waits_total")["orders/job/nightly"] == 3
 
 
+def test_a_wait_given_up_with_an_error_ends_and_the_next_one_counts(log: Log) -> None:
+    """A wait cancelled by lock_timeout (or statement_timeout, a cancel) logs no end, only
+    the process's error: a retry loop's next wait for the same key is another wait."""
+    timeout = line("ERROR:  canceling statement due to lock timeout", pid=10, state="55P03")
+    samples = log.write(
+        wait(10, "still waiting for"), timeout,
+        wait(10, "still waiting for"), timeout,
+        wait(10, "still waiting for"),
+        wait(10, "still waiting for", ms="1200.000"),  # woken, still waiting: the same wait
+    )  # fmt: skip
+    assert counted(samples, "pg_advisory_log_lock_waits_total") == {"orders/job/nightly": 3}
+    # Another process's error ends none of them.
+    samples = log.write(
+        line("ERROR:  division by zero", pid=11, state="22012"),
+        wait(10, "still waiting for", ms="1300.000"),
+    )
+    assert counted(samples, "pg_advisory_log_lock_waits_total") == {"orders/job/nightly": 3}
+
+
 def test_application_names_are_rewritten_and_capped_for_good(tmp_path: Path) -> None:
     rules = [RewriteRule.compile(r"worker-\d+", "worker")]
-    log = Log(tmp_path, limit=2, rules=rules)
+    log = Log(tmp_path, limit=3, rules=rules)  # two names and OTHER, as the snapshot caps
     try:
         samples = log.write(unlock("worker-1"), unlock("worker-2"), unlock("api"), unlock("x"))
         assert counted(samples, "pg_advisory_log_unlocks_not_held_total") == {

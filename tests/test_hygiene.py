@@ -271,15 +271,20 @@ def test_hostile_statement_texts_are_read_and_judged_within_bounds(
         conn.execute("SELECT pg_stat_statements_reset()")
     padding = "x" * 60_000  # each statement just under MAX_STATEMENT_BYTES
     with psycopg.connect(server.dsn(), autocommit=True, application_name="hostile") as client:
-        client.execute(f"SELECT pg_advisory_unlock_all() /* {'y' * 70_000} */")  # too long
+        for _ in range(2):  # too long, and called more than the others: read first
+            client.execute(f"SELECT pg_advisory_unlock_all() /* {'y' * 70_000} */")
         for width in range(1, 181):  # 180 x 60 KB: past the read's 8 MiB of text
             columns = ", ".join(["c"] * width)
             client.execute(f"SELECT pg_advisory_unlock_all(), {columns} FROM wide /* {padding} */")
         nested = "(" * 500 + "c > 0" + ")" * 500
-        for _ in range(2):  # called more than the others: read first
+        for _ in range(3):  # called more than the others: read first
             client.execute("SELECT 1 /* pg_advisory_lock(id) FROM jobs LIMIT 1 */")  # a comment
             client.execute(f"SELECT pg_advisory_lock(c) FROM wide WHERE {nested} LIMIT 1")
         client.execute("SELECT pg_advisory_unlock_all()")
+    with server.connect() as conn:
+        screened = conn.execute(
+            "SELECT count(*) FROM pg_stat_statements WHERE query ILIKE '%advisory%'"
+        ).fetchone()
     with psycopg.connect(server.dsn(), autocommit=True) as conn:
         session = prepare_session(conn, CollectionSettings())
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -293,17 +298,20 @@ def test_hostile_statement_texts_are_read_and_judged_within_bounds(
     assert found.ok, found.error
     assert found.skipped["too_long"] == 1
     assert found.skipped["over_limit"] > 0
-    # The two statements called twice, then the 60 KB ones up to the read's byte limit.
-    assert (found.judged - 2) * 60_000 <= TEXT_BYTES < (found.judged - 1) * 60_000
+    # The statements called more, then the 60 KB ones up to the read's byte limit.
+    assert (found.texts - 2) * 60_000 <= TEXT_BYTES < (found.texts - 1) * 60_000
+    # Each statement the screen kept is read, too long, or over a limit: once.
+    assert screened is not None
+    assert found.texts + found.skipped["too_long"] + found.skipped["over_limit"] == screened[0]
     # Only the nested statement is risky: a comment is no call.
     assert [(r.rules, r.calls) for r in found.risky] == [
-        (frozenset({Rule.LOCK_IN_LIMITED_SCAN}), 2)
+        (frozenset({Rule.LOCK_IN_LIMITED_SCAN}), 3)
     ]
     assert found.parse_seconds <= PARSE_SECONDS + 1.0  # the budget, and one statement past it
     assert peak < 4 * TEXT_BYTES  # the texts read, and what parsing them takes
     with capsys.disabled():
         print(
-            f"\nhostile pg_stat_statements: read {found.judged} statements in {seconds:.2f}s "
+            f"\nhostile pg_stat_statements: read {found.texts} statements in {seconds:.2f}s "
             f"(parsing {found.parse_seconds:.2f}s), Python peak {peak / 1e6:.1f} MB, "
             f"max RSS {rss_before / 1024:.0f} -> {rss_after / 1024:.0f} MB; skipped "
             f"{dict(found.skipped)}; risky {[r.text[:40] for r in found.risky]}"

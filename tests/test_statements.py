@@ -32,7 +32,6 @@ def _row(query: str | None, datname: str = "app", calls: int = 1, **counts: int)
         "calls": calls,
         "query": query,
         "screened": counts.get("screened", 4),
-        "too_long": counts.get("too_long", 0),
     }
 
 
@@ -42,9 +41,10 @@ def test_rows_are_judged_counted_by_database_and_rule_and_shortened() -> None:
         _row(SAFE, calls=20),
         _row(HASHED, datname="billing", calls=10),
         _row("SELECT pg_advisory_lock(id) FROM foo WHERE id > $1 LIM", calls=5),  # cut
-        _row(None, calls=1, too_long=1),  # too long: its text stayed on the server
+        _row(None, calls=1),  # too long: its text stayed on the server
     ]
-    found = judged([{**row, "screened": 7, "too_long": 1} for row in rows], True, Judge(2.0))
+    # 7 screened on the server, 5 of them sent (one without its text): each counted once.
+    found = judged([{**row, "screened": 7} for row in rows], True, Judge(2.0))
     assert found.counts == {
         ("app", Rule.LOCK_IN_LIMITED_SCAN): 1,
         ("billing", Rule.HASHTEXT_KEY): 1,
@@ -53,9 +53,10 @@ def test_rows_are_judged_counted_by_database_and_rule_and_shortened() -> None:
         ("app", 30, frozenset({Rule.LOCK_IN_LIMITED_SCAN})),
         ("billing", 10, frozenset({Rule.HASHTEXT_KEY})),
     ]
-    # 7 screened on the server, 5 of them sent: 2 over the read's limit.
     assert found.skipped == {"unparsable": 1, "too_long": 1, OVER_LIMIT: 2}
-    assert found.judged == 4
+    assert found.texts == 4
+    assert found.texts + found.skipped["too_long"] + found.skipped[OVER_LIMIT] == 7
+    assert found.risky_total == 2
 
 
 def test_at_most_shown_statements_are_kept_but_all_are_counted() -> None:
@@ -63,6 +64,7 @@ def test_at_most_shown_statements_are_kept_but_all_are_counted() -> None:
             for n in range(SHOWN + 5)]  # fmt: skip
     found = judged(rows, True, Judge(10.0))
     assert len(found.risky) == SHOWN
+    assert found.risky_total == SHOWN + 5
     assert found.counts == {("app", Rule.LOCK_IN_LIMITED_SCAN): SHOWN + 5}
 
 

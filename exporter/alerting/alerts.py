@@ -405,19 +405,21 @@ class Alerts:
             ),
         ]
 
-    def counted(self, metric: str, window: str, threshold: str) -> str:
-        """More than `threshold` events of a logged counter within `window`, by holder: those
-        of a series that appeared within it too (a counter's series starts with its first
-        event, and increase() needs a sample before it), where the log was read `window` ago
-        already, so that a Prometheus without that history does not take every series for
-        new. By job and target only: a replaced pod has another instance and pod."""
-        counter, by = self.sel(metric), self.by(*_HOLDER)
+    def counted(
+        self, metric: str, window: str, threshold: str, by: tuple[str, ...] = _HOLDER
+    ) -> str:
+        """More than `threshold` events of a logged counter within `window`, by holder (or
+        `by`): those of a series that appeared within it too (a counter's series starts with
+        its first event, and increase() needs a sample before it), where the log was read
+        `window` ago already, so that a Prometheus without that history does not take every
+        series for new. By job and target only: a replaced pod has another instance and pod.
+        Each series counts once, its increase where it has one, else its value where it is
+        new (`- 0` drops the name, so that the two are the same series to `or`)."""
+        counter, grouping = self.sel(metric), self.by(*by)
         read_before = f"{self.sel('pg_advisory_log_up')} offset {window}"
         new = f"({counter} unless {counter} offset {window}) and on (job, target) {read_before}"
-        return (
-            f"sum by {by} (increase({counter}[{window}])) > {threshold} "
-            f"or sum by {by} ({new}) > {threshold}"
-        )
+        each = f"(increase({counter}[{window}]) > 0) or ({new}) - 0"
+        return f"sum by {grouping} ({each}) > {threshold}"
 
     def server_log(self) -> list[dict[str, Any]]:
         """What the server's log told between scrapes: an unlock of a lock not held, a lock
@@ -443,17 +445,19 @@ class Alerts:
                 "likely by another connection of a transaction pool; see "
                 "pg_advisory_pooled_session_locks and the holders.",
             ),
+            # The lock table is the server's: one page for it, whichever applications failed.
             self.alert(
                 "PgLockTableOutOfSharedMemory",
-                self.counted("pg_advisory_log_out_of_shared_memory_total", oom, "0"),
+                self.counted("pg_advisory_log_out_of_shared_memory_total", oom, "0", _SERVER),
                 for_="",
                 severity="critical",
-                summary=f"The lock table of {{{{ $labels.target }}}} was full: {_APP} could "
+                summary="The lock table of {{ $labels.target }} was full: statements could "
                 "not take a lock",
-                description=f"Statements of {_APP} {_WHERE} failed because the shared lock "
+                description="Statements on {{ $labels.target }} failed because the shared lock "
                 f"table was full: {_COUNT} in the last {oom}, as the server logged (ERROR: out "
                 "of shared memory, a hint to raise max_locks_per_transaction). Queries have "
-                "failed, whatever the table holds now; every lock type shares it.",
+                "failed, whatever the table holds now; every lock type shares it. "
+                "pg_advisory_log_out_of_shared_memory_total says which applications failed.",
             ),
         ]
 

@@ -26,10 +26,13 @@ POLL = 1.0
 SUFFIXES = {"jsonlog": ".json", "csvlog": ".csv", "stderr": ".log"}
 # What a record does not say (a format without the database, say).
 UNKNOWN = "unknown"
-# The waits logged as begun and not yet as ended, whose repeated "still waiting" (a waiter
-# woken before its lock is granted logs it again) is not another wait; the oldest forgotten
-# past this many.
+# The waits logged as begun and not yet as ended, by the waiting process (a backend awaits one
+# lock at a time), whose repeated "still waiting" (a waiter woken before its lock is granted
+# logs it again) is not another wait; the oldest forgotten past this many. A wait given up
+# with an error (lock_timeout, statement_timeout, a cancel) logs no end: the process's next
+# error ends it.
 _OPEN_WAITS = 10_000
+_ENDS_A_WAIT = frozenset({"ERROR", "FATAL", "PANIC"})
 
 # The counter each event adds to; waits by key too.
 _COUNTERS = {
@@ -40,10 +43,12 @@ _COUNTERS = {
     events.Kind.LOCK_WAIT_ENDED: "pg_advisory_log_lock_wait_seconds_total",
 }
 _BY_KEY = frozenset({events.Kind.LOCK_WAIT, events.Kind.LOCK_WAIT_ENDED})
+_NONE = object()  # no open wait for a process (a wait's lock may itself be None)
 
 
 class StableLabels:
-    """Label values as they come, up to `limit` distinct, then OTHER for every new one,
+    """Label values as they come, up to `limit` distinct with OTHER among them (as the
+    snapshot's cap counts), then OTHER for every new one,
     for good: a counter's label set must never change under it, and nothing a log line says
     can raise the series' cardinality past the cap."""
 
@@ -54,7 +59,7 @@ class StableLabels:
     def label(self, value: str) -> str:
         if value in self._kept:
             return value
-        if len(self._kept) < self._limit:
+        if len(self._kept) < self._limit - 1:
             self._kept.add(value)
             return value
         return OTHER
@@ -85,7 +90,7 @@ class ServerLog:
         self._databases = StableLabels(limit)
         self._lock = threading.Lock()  # guards the counts, read by scrapes
         self._counts: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
-        self._open_waits: dict[tuple[int | None, events.LockTag | None], None] = {}
+        self._open_waits: dict[int | None, events.LockTag | None] = {}
         self._lines = 0
         self._unparsed = 0
         self._said = logs.Changes()
@@ -120,39 +125,48 @@ class ServerLog:
         records = [found for line in lines for found in self._parser.feed(line)]
         if not lines:
             records += self._parser.flush()  # a quiet log: its last record is complete
-        found = [(event, record.pid) for record in records for event in events.events(record)]
+        # Labels (rewrites, the registry) worked out before the lock that scrapes wait on.
+        found = [
+            (record, [(event, self._labels(event)) for event in events.events(record)])
+            for record in records
+        ]
         with self._lock:
             self._lines += len(lines)
             self._unparsed = self._parser.unparsed
-            for event, pid in found:
-                self._count(event, pid)
+            for record, counted in found:
+                for event, labels in counted:
+                    self._count(event, record.pid, labels)
+                if record.severity in _ENDS_A_WAIT:
+                    self._open_waits.pop(record.pid, None)
         self._say(self._follower.status())
         return len(lines)
 
-    def _count(self, event: events.Event, pid: int | None) -> None:
-        """With the lock held: add one event to its counter. A wait counts once, at the first
-        of its lines seen: its beginning, or its end where the beginning came before the
-        exporter started (or the victim of a deadlock, which logs only its end)."""
+    def _labels(self, event: events.Event) -> tuple[str, ...]:
+        """An event's labels: the target, database, application and, for waits, key."""
         given = event.application_name
         application = UNKNOWN if given is None else rewrite(given, self._rules)
         database = event.database or UNKNOWN
-        labels: tuple[str, ...] = (
+        labels = (
             self._target,
             self._databases.label(database),
             self._applications.label(application),
         )
-        if event.kind in _BY_KEY:
-            labels += (self._key_name(event, database),)
+        return (*labels, self._key_name(event, database)) if event.kind in _BY_KEY else labels
+
+    def _count(self, event: events.Event, pid: int | None, labels: tuple[str, ...]) -> None:
+        """With the lock held: add one event to its counter. A wait counts once, at the first
+        of its lines seen: its beginning, or its end where the beginning came before the
+        exporter started (or the victim of a deadlock, which logs only its end)."""
         if event.kind not in _BY_KEY:
             self._counts[_COUNTERS[event.kind], labels] += 1
             return
-        wait = (pid, event.lock)
-        begun = wait in self._open_waits
+        begun = self._open_waits.get(pid, _NONE) == event.lock
         if event.kind is events.Kind.LOCK_WAIT_ENDED:
-            self._open_waits.pop(wait, None)
+            self._open_waits.pop(pid, None)
             self._counts[_COUNTERS[event.kind], labels] += event.seconds or 0.0
         elif not begun:
-            self._open_waits[wait] = None
+            self._open_waits.pop(pid, None)  # re-inserted last: the oldest go first
+            self._open_waits[pid] = event.lock
             if len(self._open_waits) > _OPEN_WAITS:
                 del self._open_waits[next(iter(self._open_waits))]
         if not begun:

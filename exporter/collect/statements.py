@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 from psycopg import errors, sql
 from psycopg.rows import dict_row
 
@@ -59,14 +58,13 @@ SELECT (SELECT n.nspname
 
 # The statements whose text names an advisory function (a screen, so that the others' texts
 # never leave the server; the parser decides), most called first, within MAX_STATEMENTS and
-# TEXT_BYTES; a text over MAX_STATEMENT_BYTES comes as NULL. Each row also counts what the
-# screen kept, and those too long.
+# TEXT_BYTES; a text over MAX_STATEMENT_BYTES comes as NULL (and counts for none of them).
+# Each row also counts what the screen kept: those it kept and did not send are over a limit.
 STATEMENTS_SQL = """
-SELECT d.datname, r.rolname, s.calls, s.query, s.screened, s.too_long
+SELECT d.datname, r.rolname, s.calls, s.query, s.screened
 FROM (SELECT s.dbid, s.userid, s.calls,
              CASE WHEN NOT s.long THEN s.query END AS query,
              pg_catalog.count(*) OVER () AS screened,
-             pg_catalog.count(*) FILTER (WHERE s.long) OVER () AS too_long,
              pg_catalog.row_number() OVER (ORDER BY s.calls DESC) AS position,
              pg_catalog.sum(CASE WHEN s.long THEN 0 ELSE pg_catalog.octet_length(s.query) END)
                  OVER (ORDER BY s.calls DESC ROWS UNBOUNDED PRECEDING) AS running_bytes
@@ -102,10 +100,11 @@ class StatementsRead:
     # Statements that break each rule, by (database, rule): all of them, not only those shown.
     counts: Mapping[tuple[str, Rule], int] = field(default_factory=dict)
     skipped: Mapping[str, int] = field(default_factory=dict)  # by reason
+    risky_total: int = 0  # statements that break a rule: `risky` shows the first SHOWN
     error: str | None = None
     reads_all: bool = True  # False: only the monitoring role's own texts could be read
     role: str = ""  # the monitoring role
-    judged: int = 0  # statements given to the parser
+    texts: int = 0  # statements whose text was read (a too long one's is not)
     parse_seconds: float = 0.0
 
     @property
@@ -153,9 +152,11 @@ def judged(
     skipped: Counter[str] = Counter()
     counts: Counter[tuple[str, Rule]] = Counter()
     risky: list[RiskyStatement] = []
+    risky_total = 0
     for row in rows:
         if row["query"] is None:
-            continue  # too long: counted by the server
+            skipped[Skip.TOO_LONG.value] += 1  # its text stayed on the server
+            continue
         verdict = judge.judge(row["query"])
         if verdict.skipped is not None:
             skipped[verdict.skipped.value] += 1
@@ -163,6 +164,7 @@ def judged(
         if not verdict.rules:
             continue
         datname = row["datname"] or ""
+        risky_total += 1
         for rule in verdict.rules:
             counts[datname, rule] += 1
         if len(risky) < SHOWN:
@@ -176,18 +178,40 @@ def judged(
                 )
             )
     if rows:
-        first = rows[0]
-        skipped[Skip.TOO_LONG.value] += int(first["too_long"])
-        skipped[OVER_LIMIT] += int(first["screened"]) - len(rows)
+        skipped[OVER_LIMIT] += int(rows[0]["screened"]) - len(rows)
     return StatementsRead(
         tuple(risky),
         dict(counts),
         dict(skipped),
+        risky_total=risky_total,
         reads_all=reads_all,
         role=role,
-        judged=sum(row["query"] is not None for row in rows),
+        texts=sum(row["query"] is not None for row in rows),
         parse_seconds=judge.spent,
     )
+
+
+def read_once(config: TargetSettings, watchdog: Watchdog) -> StatementsRead:
+    """One read of the target's pg_stat_statements on a new connection, given up at the
+    collection's deadline; what it found, or why it found nothing (it never raises)."""
+    try:
+        with new_session(
+            config, watchdog, config.collection.scrape_wait, READER_NAME, registry=False
+        ) as session:
+            try:
+                return read_statements(session)
+            except (NotReadable, *_NOT_READABLE) as exc:  # the server says why: and the fix
+                return StatementsRead(error=describe(exc))
+    except Unanswered as exc:  # down, refusing, too slow (the deadline says so) or hung
+        return StatementsRead(error=str(exc))
+    except Exception:  # never let one server's statements take the exporter down
+        log.exception("reading pg_stat_statements failed", extra={"target": config.name})
+        return StatementsRead(error="internal error, see the exporter's log")
+
+
+# The server's answers that say pg_stat_statements cannot be read here (describe() says what
+# fixes each); any other error is the connection's, and new_session words it.
+_NOT_READABLE = (errors.ObjectNotInPrerequisiteState, errors.InsufficientPrivilege)
 
 
 def describe(exc: Exception) -> str:
@@ -246,20 +270,7 @@ class Statements:
 
     def read(self) -> StatementsRead:
         """Read now, in the caller's thread (the pool's, when due)."""
-        seconds = self._config.collection.scrape_wait
-        try:
-            with new_session(
-                self._config, self._watchdog, seconds, READER_NAME, registry=False
-            ) as session:
-                try:
-                    found = read_statements(session)
-                except (NotReadable, psycopg.Error) as exc:
-                    found = StatementsRead(error=describe(exc))
-        except Unanswered as exc:
-            found = StatementsRead(error=str(exc))
-        except Exception:  # never let one server's statements take the exporter down
-            log.exception("reading pg_stat_statements failed", extra={"target": self.name})
-            found = StatementsRead(error="internal error, see the exporter's log")
+        found = read_once(self._config, self._watchdog)
         self.record(found)
         return found
 

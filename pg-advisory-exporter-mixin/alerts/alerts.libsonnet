@@ -232,7 +232,7 @@ local t = import '../lib/thresholds.libsonnet';
           },
           {
             alert: 'PgAdvisoryUnlockNotHeld',
-            expr: 'sum by (job, instance, target, datname, application_name' + t.groupLabels($._config.group_labels) + ') (increase(pg_advisory_log_unlocks_not_held_total' + t.selectorAlone($._config.selector) + '[' + t.duration($._config.unlocks_not_held_window) + '])) > ' + std.toString($._config.unlocks_not_held) + ' or sum by (job, instance, target, datname, application_name' + t.groupLabels($._config.group_labels) + ') ((pg_advisory_log_unlocks_not_held_total' + t.selectorAlone($._config.selector) + ' unless pg_advisory_log_unlocks_not_held_total' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.unlocks_not_held_window) + ') and on (job, target) pg_advisory_log_up' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.unlocks_not_held_window) + ') > ' + std.toString($._config.unlocks_not_held),
+            expr: 'sum by (job, instance, target, datname, application_name' + t.groupLabels($._config.group_labels) + ') ((increase(pg_advisory_log_unlocks_not_held_total' + t.selectorAlone($._config.selector) + '[' + t.duration($._config.unlocks_not_held_window) + ']) > 0) or ((pg_advisory_log_unlocks_not_held_total' + t.selectorAlone($._config.selector) + ' unless pg_advisory_log_unlocks_not_held_total' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.unlocks_not_held_window) + ') and on (job, target) pg_advisory_log_up' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.unlocks_not_held_window) + ') - 0) > ' + std.toString($._config.unlocks_not_held),
             'for': '0s',
             labels: {
               severity: 'warning',
@@ -245,14 +245,14 @@ local t = import '../lib/thresholds.libsonnet';
           },
           {
             alert: 'PgLockTableOutOfSharedMemory',
-            expr: 'sum by (job, instance, target, datname, application_name' + t.groupLabels($._config.group_labels) + ') (increase(pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + '[' + t.duration($._config.out_of_shared_memory_window) + '])) > 0 or sum by (job, instance, target, datname, application_name' + t.groupLabels($._config.group_labels) + ') ((pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + ' unless pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.out_of_shared_memory_window) + ') and on (job, target) pg_advisory_log_up' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.out_of_shared_memory_window) + ') > 0',
+            expr: 'sum by (job, instance, target' + t.groupLabels($._config.group_labels) + ') ((increase(pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + '[' + t.duration($._config.out_of_shared_memory_window) + ']) > 0) or ((pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + ' unless pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.out_of_shared_memory_window) + ') and on (job, target) pg_advisory_log_up' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.out_of_shared_memory_window) + ') - 0) > 0',
             'for': '0s',
             labels: {
               severity: 'critical',
             },
             annotations: {
-              summary: 'The lock table of {{ $labels.target }} was full: {{ $labels.application_name }} could not take a lock',
-              description: 'Statements of {{ $labels.application_name }} in database {{ $labels.datname }} on {{ $labels.target }} failed because the shared lock table was full: {{ $value | humanize }} in the last ' + t.duration($._config.out_of_shared_memory_window) + ', as the server logged (ERROR: out of shared memory, a hint to raise max_locks_per_transaction). Queries have failed, whatever the table holds now; every lock type shares it.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
+              summary: 'The lock table of {{ $labels.target }} was full: statements could not take a lock',
+              description: 'Statements on {{ $labels.target }} failed because the shared lock table was full: {{ $value | humanize }} in the last ' + t.duration($._config.out_of_shared_memory_window) + ', as the server logged (ERROR: out of shared memory, a hint to raise max_locks_per_transaction). Queries have failed, whatever the table holds now; every lock type shares it. pg_advisory_log_out_of_shared_memory_total says which applications failed.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
               runbook_url: $._config.runbook_url + '#pglocktableoutofsharedmemory',
             },
           },
