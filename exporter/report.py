@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import psycopg
-
 from .alerting.rules import Thresholds
 from .collect.capacity import lock_table_capacity
 from .collect.connection import Session, Unanswered
@@ -24,12 +22,12 @@ from .collect.release import (
 from .collect.scheduling import Watchdog
 from .collect.series import key_groups
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
-from .collect.statements import NotReadable, StatementsRead, describe, read_statements
+from .collect.statements import StatementsRead, read_once
 from .collect.vocabulary import format_age
 from .config.settings import Config, TargetSettings
 from .forensics.page import forensics_json, statements_json
 from .forensics.read import Backend, Forensics, answer
-from .hygiene.statements import SAFE_FORM
+from .hygiene.statements import SAFE_FORM, WHAT
 from .keys import catalog
 from .keys.registry import NO_KEYS, Registry
 from .schema import format_duration
@@ -275,20 +273,16 @@ class Override:
 
 @dataclass(frozen=True)
 class Hygiene:
-    """What makes a leak likely or long on one server: the settings' overrides, and its risky
-    statements (read once, in check's session)."""
+    """What makes a leak likely or long on one server: the settings' overrides (read in
+    check's session), and its risky statements (read as the daemon reads them, on a
+    connection and within a deadline of their own; None with statements_interval 0)."""
 
     overrides: tuple[Override, ...]
-    statements: StatementsRead
+    statements: StatementsRead | None = None
 
 
-def read_hygiene(session: Session) -> Hygiene:
-    rows = session.conn.execute(OVERRIDES_SQL).fetchall()
-    try:
-        statements = read_statements(session)
-    except (psycopg.Error, NotReadable) as exc:  # said in the report; the rest goes on
-        statements = StatementsRead(error=describe(exc))
-    return Hygiene(tuple(Override(*row) for row in rows), statements)
+def read_overrides(session: Session) -> tuple[Override, ...]:
+    return tuple(Override(*row) for row in session.conn.execute(OVERRIDES_SQL).fetchall())
 
 
 def _settings_words(settings: ReleaseSettings) -> str:
@@ -304,7 +298,7 @@ def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> No
     """The hygiene section: how long a dead client's locks stay, and the risky statements."""
     out.write("\n  Hygiene\n")
     settings = snapshot.release_settings
-    holders = _idle_session_holders(snapshot)
+    holders = snapshot.idle_session_holders
     if settings.known:
         bound = dead_client_release_seconds(settings)
         flag = "TOO LONG: " if bound > Thresholds().dead_client_release_after else ""
@@ -329,20 +323,24 @@ def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> No
     _risky_statements(hygiene.statements, out)
 
 
-def _idle_session_holders(snapshot: ServerSnapshot) -> int:
-    return sum(1 for b in snapshot.backends if b.held and not b.in_transaction)
-
-
-def _risky_statements(read: StatementsRead, out: TextIO) -> None:
+def _risky_statements(read: StatementsRead | None, out: TextIO) -> None:
+    if read is None:
+        out.write("    Risky statements: not read (statements_interval is 0)\n")
+        return
     if read.error is not None:
         out.write(f"    Risky statements: pg_stat_statements cannot be read: {read.error}\n")
         return
-    total = sum(read.counts.values())
+    shown = f", the first {len(read.risky)} shown" if read.risky_total > len(read.risky) else ""
     out.write(
-        f"    Risky statements in pg_stat_statements ({len(read.risky)}), most called first\n"
+        f"    Risky statements in pg_stat_statements ({read.risky_total}{shown}), most called "
+        "first\n"
     )
     if not read.reads_all:
         out.write("    (only the role's own statements: " + grant_read_all_stats(read.role) + ")\n")
+    skipped = {reason: n for reason, n in read.skipped.items() if n}
+    if skipped:
+        words = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+        out.write(f"    Not judged: {words}\n")
     if not read.risky:
         return
     _table(
@@ -353,14 +351,8 @@ def _risky_statements(read: StatementsRead, out: TextIO) -> None:
         ],
         out,
     )
-    if total > len(read.risky):
-        out.write(f"    ({total} rule breaks in all)\n")
     for rule in sorted({rule for r in read.risky for rule in r.rules}):
-        out.write(f"    Safe form, {rule}: {SAFE_FORM[rule]}\n")
-    skipped = {reason: n for reason, n in read.skipped.items() if n}
-    if skipped:
-        words = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
-        out.write(f"    Not judged: {words}\n")
+        out.write(f"    {rule}: {WHAT[rule]} Safe form: {SAFE_FORM[rule]}\n")
 
 
 def hygiene_json(snapshot: ServerSnapshot, hygiene: Hygiene) -> dict[str, Any]:
@@ -373,7 +365,7 @@ def hygiene_json(snapshot: ServerSnapshot, hygiene: Hygiene) -> dict[str, Any]:
         "idle_in_transaction_release_seconds": (
             None if math.isinf(idle_in_transaction) else idle_in_transaction
         ),
-        "idle_session_holders": _idle_session_holders(snapshot),
+        "idle_session_holders": snapshot.idle_session_holders,
         "settings": {
             "tcp_keepalives_idle": settings.keepalives_idle,
             "tcp_keepalives_interval": settings.keepalives_interval,
@@ -443,20 +435,23 @@ class Checked:
 
 def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
     snapshots: list[ServerSnapshot] = []
-    hygiene: list[Hygiene] = []
+    overrides: list[tuple[Override, ...]] = []
 
     def collect(session: Session) -> None:
         # A one-shot command reads pg_locks twice: the collection's statement for the lock
         # table and the registry's keys, the forensics statement for who holds and awaits
         # what. The daemon never does both at once.
         snapshots.append(read_snapshot(session.conn, session.registry))
-        hygiene.append(read_hygiene(session))
+        overrides.append(read_overrides(session))
 
     try:
         forensics, session = answer(target, watchdog, collect)
     except Unanswered as exc:
         return Checked(target.name, error=str(exc))
-    return Checked(target.name, session.role, snapshots[0], session.registry, forensics, hygiene[0])
+    # pg_stat_statements as the daemon reads it: no slow read of it can fail the check.
+    statements = read_once(target, watchdog) if target.collection.statements_interval else None
+    hygiene = Hygiene(overrides[0], statements)
+    return Checked(target.name, session.role, snapshots[0], session.registry, forensics, hygiene)
 
 
 def run_check(config: Config, out: TextIO = sys.stdout, output: str = "text") -> int:

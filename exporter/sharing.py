@@ -62,15 +62,6 @@ class Shared(Generic[T]):
         with self._lock:
             return self._last
 
-    def running(self) -> Future[T] | None:
-        with self._lock:
-            return self._running
-
-    def age(self) -> float:
-        """Seconds since the last outcome ended (since the run under way started, if none)."""
-        with self._lock:
-            return self._clock() - (self._ended if self._last is not None else self._started)
-
     def started(self) -> float:
         """When the run under way (or the last one) started, on the clock."""
         with self._lock:

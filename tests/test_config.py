@@ -517,3 +517,24 @@ def test_one_server_log_is_read_by_one_target(tmp_path: Path) -> None:
         match=re.escape("targets: server_log '/var/log/postgresql (csvlog)' is used twice"),
     ):
         load_config(tmp_path, document)
+
+
+def test_one_server_log_under_two_spellings_or_in_its_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "log"
+    folder.mkdir()
+    (tmp_path / "link").symlink_to(folder)
+
+    def targets(*paths: Path) -> Config:
+        return {
+            "targets": [
+                {"name": f"t{n}", "dsn": EXAMPLE_DSN, "server_log": {"path": str(path)}}
+                for n, path in enumerate(paths)
+            ]
+        }
+
+    for second in (tmp_path / "link", folder / ".." / "log"):
+        with pytest.raises(ConfigError, match=r"server_log '.*' is used twice"):
+            load_config(tmp_path, targets(folder, second))
+    with pytest.raises(ConfigError, match=r"are one log: one holds the other"):
+        load_config(tmp_path, targets(folder / "postgresql.log", folder))
+    assert len(load_config(tmp_path, targets(folder, tmp_path / "other")).targets) == 2

@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import resource
+import signal
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from support import PG_MAJOR, Cli, RunningExporter, Scrape, StartExporter
+from support import PG_MAJOR, Cli, RunningExporter, Scrape, StartExporter, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import prepare_session
@@ -29,13 +32,16 @@ from pg_advisory_exporter.collect.release import (
 from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.statements import (
     PARSE_SECONDS,
+    READER_NAME,
     TEXT_BYTES,
     Statements,
+    StatementsRead,
+    read_once,
     read_statements,
 )
 from pg_advisory_exporter.config.model import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
-from pg_advisory_exporter.hygiene.statements import Rule
+from pg_advisory_exporter.hygiene.statements import SAFE_FORM, WHAT, Rule
 
 pytestmark = pytest.mark.pg
 
@@ -232,10 +238,14 @@ def test_risky_statements_are_named_and_their_safe_forms_are_not(
     assert {table for table in TABLES if re.search(rf"\b{table}\b", section)} == set(by_table)
 
     report = cli("check", "--dsn", server.dsn(), check=True).stdout
-    listing = report[report.index("  Hygiene") :].split("Safe form")[0]
+    # The statements, then each rule they break with what is wrong and its safe form.
+    hashtext = (
+        f"    hashtext_key: {WHAT[Rule.HASHTEXT_KEY]} Safe form: {SAFE_FORM[Rule.HASHTEXT_KEY]}"
+    )
+    listing = report[report.index("  Hygiene") : report.index(hashtext)]
     named = {table for table in TABLES if re.search(rf"\b{table}\b", listing)}
     assert named == {"limited", "queue", "jobs", "hashed"}, listing
-    assert "Safe form, hashtext_key: " in report
+    assert "Risky statements in pg_stat_statements (4)" in listing
 
 
 def test_a_database_without_the_extension_says_so_once(
@@ -365,3 +375,42 @@ def test_the_runbooks_settings_bound_a_dead_client_as_it_says(
             conn.execute(statement)
     assert "60 + 6 x 10 = 120 s" in block[1]
     exporter.scrape_until(_value_is(RELEASE, 120))
+
+
+def test_a_read_that_hangs_is_given_up_at_its_deadline_and_says_so(
+    server: EmbeddedPostgres,
+) -> None:
+    """A backend that stops answering mid-read (frozen here while it waits for a lock on the
+    view): the read ends at the collection's deadline, 5s, and says that it had no answer."""
+    with server.connect() as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    quick = CollectionSettings(connect_timeout=2, statement_timeout=2, lock_timeout=2)
+    target = TargetSettings(name="hung", dsn=server.dsn(), collection=quick, catalog=False)
+    found: list[StatementsRead] = []
+    with psycopg.connect(server.dsn()) as locker:
+        locker.execute("LOCK TABLE pg_stat_statements IN ACCESS EXCLUSIVE MODE")
+        reading = threading.Thread(target=lambda: found.append(read_once(target, Watchdog())))
+        reading.start()
+        waiting: list[int] = []
+
+        def reader_waits() -> bool:
+            with server.connect() as conn:
+                rows = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+                    " AND wait_event_type = 'Lock'",
+                    (READER_NAME,),
+                ).fetchall()
+            waiting[:] = [row[0] for row in rows]
+            return bool(waiting)
+
+        wait_until(reader_waits, 5, "the read waiting for the view's lock")
+        os.kill(waiting[0], signal.SIGSTOP)
+        try:
+            locker.rollback()
+            reading.join(15)
+        finally:
+            os.kill(waiting[0], signal.SIGCONT)
+    assert not reading.is_alive()
+    [read] = found
+    assert read.error is not None
+    assert read.error.startswith("no answer within 5s"), read.error

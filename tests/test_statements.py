@@ -3,9 +3,10 @@ judged and counted, and the series they make (tests/test_hygiene.py reads a real
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
-from support import Clock
+from support import IDLE, Clock, snapshot_of
 
 from pg_advisory_exporter.collect.scheduling import Task, Watchdog
 from pg_advisory_exporter.collect.statements import (
@@ -18,7 +19,9 @@ from pg_advisory_exporter.collect.statements import (
 )
 from pg_advisory_exporter.config.model import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
+from pg_advisory_exporter.forensics.page import statements_json
 from pg_advisory_exporter.hygiene.statements import Judge, Rule
+from pg_advisory_exporter.report import Hygiene, print_hygiene
 
 LIMITED = "SELECT pg_advisory_lock(id) FROM foo WHERE id > $1 LIMIT $2"
 SAFE = "SELECT pg_advisory_lock(q.id) FROM (SELECT id FROM foo WHERE id > $1 LIMIT $2) AS q"
@@ -147,3 +150,31 @@ def test_an_interval_of_0_never_reads() -> None:
     statements.due()
     assert pool.queued == []
     assert statements.last() is None
+
+
+def test_check_says_what_a_read_did_not_judge_even_when_nothing_is_risky() -> None:
+    out = io.StringIO()
+    unjudged = StatementsRead(skipped={"over_budget": 3, "unparsable": 0}, reads_all=False,
+                              role="watcher")  # fmt: skip
+    print_hygiene(snapshot_of(IDLE), Hygiene((), unjudged), out)
+    text = out.getvalue()
+    assert "Risky statements in pg_stat_statements (0), most called first" in text
+    assert "Not judged: 3 over_budget\n" in text
+    assert 'GRANT pg_read_all_stats TO "watcher"' in text
+    out = io.StringIO()
+    print_hygiene(snapshot_of(IDLE), Hygiene((), None), out)
+    assert "Risky statements: not read (statements_interval is 0)" in out.getvalue()
+
+
+def test_the_first_statements_shown_are_said_to_be_the_first() -> None:
+    rows = [_row(f"SELECT pg_advisory_lock(id) FROM t{n} LIMIT $1", screened=SHOWN + 5)
+            for n in range(SHOWN + 5)]  # fmt: skip
+    found = judged(rows, True, Judge(10.0))
+    out = io.StringIO()
+    print_hygiene(snapshot_of(IDLE), Hygiene((), found), out)
+    assert f"({SHOWN + 5}, the first {SHOWN} shown)" in out.getvalue()
+    document = statements_json(found)
+    assert document is not None
+    assert document["risky_total"] == SHOWN + 5
+    assert len(document["statements"]) == SHOWN
+    assert set(document["rules"]["lock_in_where"]) == {"what", "safe_form"}

@@ -304,9 +304,8 @@ def _release_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
     """How long a dead or stuck client's session keeps its locks, and who would be hit now:
     the backends of the whole server holding locks outside any transaction."""
     settings = snapshot.release_settings
-    idle_holders = sum(1 for b in snapshot.backends if b.held and not b.in_transaction)
     samples = [
-        Sample("pg_advisory_idle_session_holders", (target,), idle_holders),
+        Sample("pg_advisory_idle_session_holders", (target,), snapshot.idle_session_holders),
         Sample(
             "pg_advisory_idle_in_transaction_release_seconds",
             (target,),

@@ -311,6 +311,7 @@ class Server:
     def _collect(self) -> Collection:
         started = self._clock()
         wait = self.settings.scrape_wait
+        expired = threading.Event()  # the deadline's own, once it is armed
         try:
             with (
                 self._connection.deadline(self._watchdog, wait, self._expiring) as expired,

@@ -356,6 +356,12 @@ class ServerSnapshot:
     backends: tuple[BackendLocks, ...]
 
     @property
+    def idle_session_holders(self) -> int:
+        """Backends holding advisory locks outside any transaction: session locks only, those
+        a dead client would keep (pg_advisory_idle_session_holders)."""
+        return sum(1 for b in self.backends if b.held and not b.in_transaction)
+
+    @property
     def databases(self) -> frozenset[str]:
         """The server's databases but the templates (those it reads deadlocks for)."""
         return frozenset(self.deadlocks)
@@ -393,23 +399,18 @@ def _backend(row: Mapping[str, Any]) -> BackendLocks:
 
 
 def _release_settings(row: Mapping[str, Any]) -> ReleaseSettings:
-    timeouts = row["idle_session_timeout"], row["idle_in_transaction_session_timeout"]
-    if row["socket_keepalives"] is None:  # a TCP session: the values in force on it
-        return ReleaseSettings(
-            row["tcp_keepalives_idle"],
-            row["tcp_keepalives_interval"],
-            row["tcp_keepalives_count"],
-            row["tcp_user_timeout"],
-            *timeouts,
-        )
-    configured = json.loads(row["socket_keepalives"])
-    return ReleaseSettings(
-        int(configured["tcp_keepalives_idle"]),
-        int(configured["tcp_keepalives_interval"]),
-        int(configured["tcp_keepalives_count"]),
-        int(configured["tcp_user_timeout"]),
-        *timeouts,
-    ).configured()
+    # A TCP session's values are those in force on it; a Unix socket's come configured.
+    socket = row["socket_keepalives"]
+    given = row if socket is None else json.loads(socket)
+    settings = ReleaseSettings(
+        int(given["tcp_keepalives_idle"]),
+        int(given["tcp_keepalives_interval"]),
+        int(given["tcp_keepalives_count"]),
+        int(given["tcp_user_timeout"]),
+        row["idle_session_timeout"],
+        row["idle_in_transaction_session_timeout"],
+    )
+    return settings if socket is None else settings.configured()
 
 
 def read_snapshot(conn: psycopg.Connection[Any], registry: Registry = NO_KEYS) -> ServerSnapshot:

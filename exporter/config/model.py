@@ -388,6 +388,28 @@ def _check_unique(what: str, names: Sequence[str]) -> None:
         seen.add(name)
 
 
+def _check_logs(logs: Sequence[tuple[Path, str]]) -> None:
+    """Two targets counting one log would count each event twice: one log of a format read
+    by two targets, under two spellings (a symbolic link, `..`), or as a file and the
+    directory that holds it, is refused."""
+    seen: list[tuple[Path, Path, str]] = []
+    for path, log_format in logs:
+        resolved = path.resolve()
+        for earlier, earlier_resolved, earlier_format in seen:
+            if log_format != earlier_format:
+                continue
+            if resolved == earlier_resolved:
+                raise ValueError(f"server_log '{path} ({log_format})' is used twice")
+            if resolved.is_relative_to(earlier_resolved) or earlier_resolved.is_relative_to(
+                resolved
+            ):
+                raise ValueError(
+                    f"server_log '{path} ({log_format})' and '{earlier}' are one log: one "
+                    "holds the other"
+                )
+        seen.append((path, resolved, log_format))
+
+
 class WebConfig(Strict):
     listen_address: ListenAddress = Field(
         default=DEFAULT_LISTEN_ADDRESS, description="host:port to serve on"
@@ -478,11 +500,11 @@ class FileConfig(Strict):
     @classmethod
     def _unique_names(cls, targets: tuple[TargetConfig, ...]) -> tuple[TargetConfig, ...]:
         _check_unique("target name", [target.name for target in targets])
-        # Two targets counting one log would count each event twice.
-        logs = [
-            f"{target.server_log.path} ({target.server_log.format})"
-            for target in targets
-            if target.server_log is not None and target.server_log.path is not None
-        ]
-        _check_unique("server_log", logs)
+        _check_logs(
+            [
+                (target.server_log.path, target.server_log.format)
+                for target in targets
+                if target.server_log is not None and target.server_log.path is not None
+            ]
+        )
         return targets

@@ -12,7 +12,7 @@ from typing import Any
 
 from pg_advisory_exporter.collect.statements import StatementsRead
 from pg_advisory_exporter.collect.vocabulary import format_age
-from pg_advisory_exporter.hygiene.statements import RULES, SAFE_FORM
+from pg_advisory_exporter.hygiene.statements import RULES, SAFE_FORM, WHAT
 from pg_advisory_exporter.keys.key import BIGINT_KEY
 
 from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, key_groups, split_held
@@ -156,8 +156,9 @@ def statements_json(read: StatementsRead | None) -> dict[str, Any] | None:
             {"datname": datname, "rule": rule.value, "statements": count}
             for (datname, rule), count in sorted(read.counts.items())
         ],
+        "risky_total": read.risky_total,
         "skipped": dict(sorted(read.skipped.items())),
-        "safe_forms": {rule.value: SAFE_FORM[rule] for rule in RULES},
+        "rules": {rule.value: {"what": WHAT[rule], "safe_form": SAFE_FORM[rule]} for rule in RULES},
     }
 
 
@@ -435,13 +436,26 @@ def _statements_section(read: StatementsRead | None) -> str:
     """The risky statements of the server's last read of pg_stat_statements (hygiene.md)."""
     if read is None:
         return ""
-    heading = f"<h2>Risky lock statements ({len(read.risky)})</h2>\n"
     if read.error is not None:
         return (
-            heading + f'<p class="note">pg_stat_statements cannot be read: {_e(read.error)}</p>\n'
+            "<h2>Risky lock statements</h2>\n"
+            f'<p class="note">pg_stat_statements cannot be read: {_e(read.error)}</p>\n'
         )
+    heading = f"<h2>Risky lock statements ({read.risky_total})</h2>\n"
+    notes = []
+    if read.risky_total > len(read.risky):
+        notes.append(f"The {len(read.risky)} most called are shown.")
+    if not read.reads_all:
+        notes.append("Only the monitoring role's own statements could be read (it lacks "
+                     "pg_read_all_stats).")  # fmt: skip
+    skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(read.skipped.items()) if n)
+    if skipped:
+        notes.append(f"Not judged: {skipped}.")
     if not read.risky:
-        return heading + '<p class="note">No statement in pg_stat_statements breaks a rule.</p>\n'
+        notes.append("No statement judged breaks a rule.")
+    heading += "".join(f'<p class="note">{_e(note)}</p>\n' for note in notes)
+    if not read.risky:
+        return heading
     rows = [
         [
             _e(", ".join(sorted(found.rules))),
@@ -455,7 +469,10 @@ def _statements_section(read: StatementsRead | None) -> str:
     headings = [("Rule", "16%"), ("Database", "10%"), ("User", "10%"), ("Calls", "7%"),
                 ("Statement", "")]  # fmt: skip
     rules = sorted({rule for found in read.risky for rule in found.rules})
-    safe = "".join(f"<li><code>{_e(rule)}</code>: {_e(SAFE_FORM[rule])}</li>" for rule in rules)
+    safe = "".join(
+        f"<li><code>{_e(rule)}</code>: {_e(WHAT[rule])} Safe form: {_e(SAFE_FORM[rule])}</li>"
+        for rule in rules
+    )
     return heading + _table(headings, rows) + f'<ul class="note">{safe}</ul>\n'
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import binascii
 import hmac
 import ipaddress
+import logging
 import math
 import os
 import socket
@@ -120,6 +121,10 @@ def _credentials(header: str | None) -> tuple[str, bytes] | None:
         return None
 
 
+# Refused clients (address and SANs) whose refusal was logged as a warning, remembered.
+_REFUSALS_SAID = 1000
+
+
 class WebAccess:
     """The web configuration in force; safe to use from every request thread."""
 
@@ -139,6 +144,7 @@ class WebAccess:
         self._bucket = _bucket(settings.rate_limit, None)
         self._counting = threading.Lock()
         self.rate_limited = 0  # pg_advisory_exporter_web_rate_limited_total
+        self._refusals: dict[tuple[str, str], None] = {}  # said of refused clients, oldest first
 
     def samples(self) -> list[Sample]:
         """The exporter's series of the web configuration: whether the last change to the
@@ -205,9 +211,18 @@ class WebAccess:
         if settings.allowed_sans.isdisjoint(sans):
             client = wrapped.getpeername()[0]
             wrapped.close()
-            log.warning(
+            said = ", ".join(sans)[:512] or "none"
+            # A refused peer may reconnect in a loop: a warning for each client and SANs
+            # once (the last _REFUSALS_SAID of them remembered), the repeats at debug.
+            with self._counting:
+                first = (client, said) not in self._refusals
+                self._refusals[client, said] = None
+                if len(self._refusals) > _REFUSALS_SAID:
+                    del self._refusals[next(iter(self._refusals))]
+            log.log(
+                logging.WARNING if first else logging.DEBUG,
                 "TLS client refused: its certificate has none of client_allowed_sans",
-                extra={"client": client, "sans": ", ".join(sans)[:512] or "none"},
+                extra={"client": client, "sans": said},
             )
             raise CertificateRefused(f"{client}: no allowed SAN in its certificate")
         return wrapped

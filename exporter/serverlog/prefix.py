@@ -96,18 +96,12 @@ class LinePattern:
     """The start of every line of a report: the prefix, the label, two spaces."""
 
     def __init__(self, line_prefix: str) -> None:
-        self.line_prefix = line_prefix
         source, captured = _translate(line_prefix.encode())
         self._pattern: _Pattern = re2.compile(
             source + rb"(?P<label>" + _LABELS + rb"):  ", _OPTIONS
         )
         self._groups = {name: self._pattern.groupindex[name.encode()] for name in captured}
         self._label = self._pattern.groupindex[b"label"]
-
-    @property
-    def captured(self) -> tuple[str, ...]:
-        """The fields of CAPTURED that the prefix shows."""
-        return tuple(self._groups)
 
     def match(self, line: bytes) -> Prefixed | None:
         """The line read through the prefix, or None where it does not start with one."""
