@@ -49,7 +49,8 @@ from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_por
 from pg_advisory_exporter.collect.capacity import lock_table_capacity
 from pg_advisory_exporter.collect.snapshot import collect_sql, read_snapshot
 from pg_advisory_exporter.forensics.read import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry, md5_key
+from pg_advisory_exporter.keys.derive import local_parts
+from pg_advisory_exporter.keys.registry import KeyConfig, Registry
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -88,7 +89,7 @@ CREATE_DATABASE_SQL = "CREATE DATABASE {}"
 
 
 def _catalog_key(text: str, wide: bool) -> int:
-    return md5_key(text) if wide else zlib.crc32(text.encode())
+    return local_parts("md5", text, "bigint", "big")[0] if wide else zlib.crc32(text.encode())
 
 
 CATALOG_MODEL = [

@@ -20,7 +20,7 @@ import yaml
 
 from devtools.rule_placeholders import PLACEHOLDER, placeholder_groups
 from pg_advisory_exporter.alerting.rules import Thresholds, format_number
-from pg_advisory_exporter.keys.catalog import MIGRATION_KEYS
+from pg_advisory_exporter.keys.catalog import NAMES
 from pg_advisory_exporter.schema import DURATION_PATTERN, PARSE_DURATION
 
 
@@ -117,7 +117,7 @@ def catalog_schema() -> dict[str, Any]:
         "false (none), or the names of the entries to keep",
         "oneOf": [
             {"type": "boolean"},
-            {"type": "array", "uniqueItems": True, "items": {"enum": list(MIGRATION_KEYS)}},
+            {"type": "array", "uniqueItems": True, "items": {"enum": list(NAMES)}},
         ],
     }
 

@@ -15,7 +15,7 @@ from .collect.target import Target
 from .config.dsn import server_of
 from .config.model import split_listen_address
 from .config.settings import Config, TargetSettings
-from .forensics.read import Answer, OnDemand, on_demand
+from .forensics.answers import Answer, OnDemand, on_demand
 from .http.app import make_app, serve
 from .http.collector import ExporterCollector
 from .http.discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefused
@@ -158,7 +158,9 @@ class Daemon:
             if kept is not None and kept[0] is target:
                 answers[name] = kept[1]
             else:
-                answers[name] = on_demand(target.config, self._watchdog, target.statements)
+                answers[name] = on_demand(
+                    target.config, self._watchdog, target.statements, target.holds
+                )
         return answers
 
     def reload(self) -> str | None:

@@ -164,7 +164,9 @@ SPECS = {
             "pg_advisory_key_hold_seconds",
             "gauge",
             ("target", "datname", "key"),
-            "The longest time a holder of the registered key has been in its current state.",
+            "The longest a backend has held the registered key: since the exporter first saw it "
+            "hold it, or since it went idle if longer ago; at most since its transaction began "
+            "for a key taken at transaction level.",
         ),
         MetricSpec(
             "pg_advisory_key_max_hold_seconds",
@@ -332,6 +334,14 @@ SPECS = {
             ("target",),
             "Distinct application_name values the cardinality cap folded into "
             "__other__ in the last collection.",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_untracked_holds",
+            "gauge",
+            ("target",),
+            "Holds of advisory locks in the last collection that the exporter could not track, "
+            "its cap per server reached: their hold time is bounded by the server's timestamps "
+            "alone.",
         ),
     )
 }

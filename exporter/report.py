@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from .alerting.rules import Thresholds
 from .collect.capacity import lock_table_capacity
 from .collect.connection import Session, Unanswered
+from .collect.holds import NO_HOLDS, Holds, HoldTracker
 from .collect.release import (
     ReleaseSettings,
     dead_client_release_seconds,
@@ -23,7 +24,7 @@ from .collect.scheduling import Watchdog
 from .collect.series import key_groups
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
 from .collect.statements import StatementsRead, read_once
-from .collect.vocabulary import format_age
+from .collect.vocabulary import format_age, format_held
 from .config.settings import Config, TargetSettings
 from .forensics.page import forensics_json, statements_json
 from .forensics.read import Backend, Forensics, answer
@@ -37,8 +38,8 @@ _TOP_APPLICATIONS = 10
 _MOST_ROWS = 20  # of holders and of waiters; the report says how many it left out
 _WAITER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "WAITING", "KEY", "NAME", "MODE",
                    "BLOCKED BY", "QUEUED BEHIND", "CLIENT", "POOLER")  # fmt: skip
-_HOLDER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "STATE", "AGE", "KEY", "NAME", "CLIENT",
-                   "POOLER", "LEVEL")  # fmt: skip
+_HOLDER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "STATE", "IN STATE", "HELD FOR", "KEY",
+                   "NAME", "CLIENT", "POOLER", "LEVEL")  # fmt: skip
 
 
 def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -125,7 +126,7 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
     holders = forensics.holders
     out.write(
         f"\n  Holders ({len(holders)}): those of awaited keys first, then the longest in "
-        "their state\n"
+        "their state; held for at least as long as the exporter has seen them hold\n"
     )
     if holders:
         _table(
@@ -137,6 +138,7 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
                     repr(b.application_name),
                     b.state_word,
                     format_age(b.state_seconds),
+                    format_held(b.held_seconds, b.held_at_least),
                     *_keys(b),
                     b.client or "-",
                     _pooler(b),
@@ -174,18 +176,20 @@ def _contended(forensics: Forensics, out: TextIO) -> None:
     )
 
 
-def _registered_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
-    own = [key for key in registry.keys if not key.catalog]
+def _registered_keys(checked: Checked, out: TextIO) -> None:
+    snapshot, registry = checked.snapshot, checked.registry
+    assert snapshot is not None
+    own = [key for key in registry.names if not key.catalog]
     if not own:
         return
-    groups = key_groups(snapshot, registry)
+    groups = key_groups(snapshot, registry, checked.holds)
     out.write(f"\n  Registered keys ({len(own)})\n")
     rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
     for key in own:
         limit = format_duration(key.config.max_hold) if key.config.max_hold else "-"
         found = [(datname, group) for (datname, name), group in groups.items() if name == key.name]
         for datname, group in found:
-            held_for = format_age(group.hold_max) if group.holders else "-"
+            held_for = format_held(group.hold_max, True) if group.holders else "-"
             rows.append(
                 (key.name, datname, str(group.holders), str(group.waiters), held_for, limit)
             )
@@ -194,14 +198,16 @@ def _registered_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) 
     _table(rows, out)
 
 
-def _well_known_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) -> None:
+def _well_known_keys(checked: Checked, out: TextIO) -> None:
     """The catalog's keys that someone holds or awaits (they are many, and mostly idle)."""
+    snapshot, registry = checked.snapshot, checked.registry
+    assert snapshot is not None
     names = {key.name for key in registry.keys if key.catalog}
     if not names:
         return
     in_use = [
         (datname, name, group)
-        for (datname, name), group in key_groups(snapshot, registry).items()
+        for (datname, name), group in key_groups(snapshot, registry, checked.holds).items()
         if name in names and (group.holders or group.waiters)
     ]
     out.write(f"\n  Well-known keys in use ({len(in_use)})\n")
@@ -214,7 +220,7 @@ def _well_known_keys(snapshot: ServerSnapshot, registry: Registry, out: TextIO) 
                     datname,
                     str(group.holders),
                     str(group.waiters),
-                    format_age(group.hold_max) if group.holders else "-",
+                    format_held(group.hold_max, True) if group.holders else "-",
                     catalog.BY_NAME[name].library,
                 )
                 for datname, name, group in in_use
@@ -391,8 +397,8 @@ def print_report(checked: Checked, out: TextIO) -> None:
     _waiters(checked.forensics, out)
     _holders(checked.forensics, out)
     _contended(checked.forensics, out)
-    _registered_keys(checked.snapshot, checked.registry, out)
-    _well_known_keys(checked.snapshot, checked.registry, out)
+    _registered_keys(checked, out)
+    _well_known_keys(checked, out)
     _top_applications(checked.snapshot, out)
     if checked.hygiene is not None:
         print_hygiene(checked.snapshot, checked.hygiene, out)
@@ -431,27 +437,40 @@ class Checked:
     forensics: Forensics | None = None
     hygiene: Hygiene | None = None
     error: str | None = None
+    holds: Holds = NO_HOLDS
 
 
 def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
     snapshots: list[ServerSnapshot] = []
     overrides: list[tuple[Override, ...]] = []
+    holds: list[Holds] = []
 
     def collect(session: Session) -> None:
         # A one-shot command reads pg_locks twice: the collection's statement for the lock
         # table and the registry's keys, the forensics statement for who holds and awaits
         # what. The daemon never does both at once.
-        snapshots.append(read_snapshot(session.conn, session.registry))
+        snapshot = read_snapshot(session.conn, session.registry)
+        snapshots.append(snapshot)
+        # One look and no history: each lock is held at least since its holder went idle.
+        holds.append(HoldTracker().update(snapshot, session.registry))
         overrides.append(read_overrides(session))
 
     try:
-        forensics, session = answer(target, watchdog, collect)
+        forensics, session = answer(target, watchdog, collect, lambda: holds[0])
     except Unanswered as exc:
         return Checked(target.name, error=str(exc))
     # pg_stat_statements as the daemon reads it: no slow read of it can fail the check.
     statements = read_once(target, watchdog) if target.collection.statements_interval else None
     hygiene = Hygiene(overrides[0], statements)
-    return Checked(target.name, session.role, snapshots[0], session.registry, forensics, hygiene)
+    return Checked(
+        target.name,
+        session.role,
+        snapshots[0],
+        session.registry,
+        forensics,
+        hygiene,
+        holds=holds[0],
+    )
 
 
 def run_check(config: Config, out: TextIO = sys.stdout, output: str = "text") -> int:

@@ -736,19 +736,23 @@ def _exporter() -> list[PanelBuilder]:
         ),
         _timeseries(
             "Monitoring role lacks pg_read_all_stats",
-            "True when the exporter's role cannot see other sessions' state: idle times, the "
-            "leaked-lock signal and key hold times are missing for that server. Fix with GRANT "
-            "pg_read_all_stats TO the role.",
+            "True when the exporter's role cannot see other sessions' state: idle times and the "
+            "leaked-lock signal are missing for that server, and hold times count from when the "
+            "exporter first saw each lock only. Fix with GRANT pg_read_all_stats TO the role.",
             "bool",
             [Query(sel("pg_advisory_exporter_insufficient_privilege"), "{{target}}")],
         ),
         _timeseries(
-            "Folded application names",
+            "Folded names, untracked holds",
             "Distinct application_name values folded into __other__ by the exporter's "
-            "application_name_limit. Above 0, add rewrite rules for per-pod names or raise "
-            "the limit.",
+            "application_name_limit: above 0, add rewrite rules for per-pod names or raise "
+            "the limit. Holds of advisory locks the exporter could not track, its cap per "
+            "server reached: their hold times are only what the server's timestamps tell.",
             "short",
-            [Query(sel("pg_advisory_exporter_folded_application_names"), "{{target}}")],
+            [
+                Query(sel("pg_advisory_exporter_folded_application_names"), "folded {{target}}"),
+                Query(sel("pg_advisory_exporter_untracked_holds"), "untracked {{target}}"),
+            ],
         ),
         _timeseries(
             "Discovered targets",

@@ -35,6 +35,7 @@ from pg_advisory_exporter.collect.release import ReleaseSettings
 from pg_advisory_exporter.collect.snapshot import BackendLocks, ServerSnapshot
 from pg_advisory_exporter.config import loader, settings
 from pg_advisory_exporter.forensics.read import Backend, LockEntry
+from pg_advisory_exporter.keys.derive import local_parts
 
 PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))
 MONITOR_PASSWORD = "monitor-s3cret-pw"
@@ -61,6 +62,9 @@ REGISTRY: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+# When the snapshots of the tests without a server were read (the server's now(), Unix time).
+READ_AT = 1_800_000_000.0
+
 # A snapshot as a 15.18 server with default settings reports it, for the tests that need no
 # server: one idle backend holding one lock, to vary with dataclasses.replace().
 IDLE = BackendLocks(
@@ -78,10 +82,16 @@ IDLE = BackendLocks(
 )
 
 
+def md5_key(text: str) -> int:
+    """A 64-bit key from a text, as `('x' || left(md5(text), 16))::bit(64)::bigint` makes it."""
+    return local_parts("md5", text, "bigint", "big")[0]
+
+
 def snapshot_of(*backends: BackendLocks) -> ServerSnapshot:
     return ServerSnapshot(
         server_version="15.18",
         current_database="app",
+        read_at=READ_AT,
         capacity_settings=CapacitySettings(
             server_version_num=150018,
             max_locks_per_transaction=64,

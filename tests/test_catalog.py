@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,24 +34,39 @@ from pg_advisory_exporter.keys.catalog import (
     DEFAULTS,
     ENTRIES,
     MIGRATION_KEYS,
+    NAMES,
     crc32,
     fnv1_32,
     golang_migrate_key,
     java_string_hash,
     key_configs,
 )
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry, with_catalog
+from pg_advisory_exporter.keys.key import signed
+from pg_advisory_exporter.keys.registry import KeyConfig, Registry
 
 # -- Each key, from the values the libraries' own sources and tests give -------------------
 
 
 def test_the_names_are_the_contract() -> None:
+    assert NAMES == (
+        "rails_migration", "sqlx_migration", "golang_migrate", "golang_migrate_instance",
+        "grafana_migration", "prisma_migrate", "sqitch", "goose", "goose_legacy", "flyway",
+        "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
+        "pgboss_migration", "pgboss_create_queue", "pgboss_delete_queue", "pgboss_queue_stats",
+        "pg_repack", "pg_partman_maintenance", "pg_partman_partition_data",
+        "pg_partman_undo_partition", "pg_partman_undo_partition_proc",
+        "pg_partman_drop_partition_id", "pg_partman_drop_partition_time",
+        "pg_partman_reapply_constraints", "pg_partman_run_analyze", "pgqueuer_upgrade",
+        "pgqueuer_statistics", "airflow_migration", "authentik_migration",
+    )  # fmt: skip
+    # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
         "rails_migration", "sqlx_migration", "golang_migrate", "golang_migrate_instance",
         "grafana_migration", "prisma_migrate", "sqitch", "goose", "goose_legacy", "flyway",
         "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
-        "airflow_migration", "authentik_migration",
+        "pgboss_migration", "pgqueuer_upgrade", "airflow_migration", "authentik_migration",
     )  # fmt: skip
+    assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
     assert [e.name for e in ENTRIES if not e.default] == [
         "airflow_migration",
         "authentik_migration",
@@ -134,7 +150,8 @@ def test_every_key_is_a_valid_registry_entry() -> None:
 def test_describe_gives_the_readme_table_its_columns() -> None:
     rows = [entry.describe() for entry in ENTRIES]
     assert all(
-        set(row) == {"name", "library", "versions", "key", "per_database", "level", "default"}
+        set(row)
+        == {"name", "library", "versions", "key", "per_database", "level", "kind", "default"}
         and all(row.values())
         for row in rows
     )
@@ -158,7 +175,7 @@ def test_unknown_entries_are_located_and_the_names_listed(
     target = {"name": "a", "dsn": "host=db"}
     message = _check_config(tmp_path, {"catalog": ["rails"], "targets": [target]}, capsys)
     assert (
-        f"FILE: catalog: unknown catalog entry 'rails'; the entries are {', '.join(MIGRATION_KEYS)}"
+        f"FILE: catalog: unknown catalog entry 'rails'; the entries are {', '.join(NAMES)}"
     ) in message
     message = _check_config(
         tmp_path, {"targets": [{**target, "catalog": ["sqitch", "sqitch"]}]}, capsys
@@ -195,11 +212,17 @@ def test_a_target_overrides_the_files_choice(tmp_path: Path) -> None:
 RAILS_ORDERS = 7895826788198718390
 
 
-def _resolve(keys: list[KeyConfig], databases: list[str]) -> tuple[Registry, list[str]]:
+def _server_hash(texts: Sequence[str], seeds: Sequence[int | None]) -> list[int]:
+    """Stands in for the server's hashtext(): distinct values for distinct texts."""
+    return [signed(crc32(text), 32) for text in texts]
+
+
+def _resolve(
+    keys: list[KeyConfig], databases: list[str], entries: Sequence[KeyConfig] | None = None
+) -> tuple[Registry, list[str]]:
     notes: list[str] = []
-    registry = Registry.resolve(
-        keys, lambda texts, seeds: [], key_configs(DEFAULTS, databases), notes.append
-    )
+    catalog_keys = key_configs(DEFAULTS, databases) if entries is None else entries
+    registry = Registry.resolve(keys, _server_hash, catalog_keys, notes.append, databases)
     return registry, notes
 
 
@@ -240,7 +263,8 @@ def test_catalog_entries_that_collide_keep_the_first() -> None:
     first = KeyConfig(name="first", key=42, databases=("a",))
     second = KeyConfig(name="second", key=42, databases=("b",))
     third = KeyConfig(name="third", key=43)
-    kept = with_catalog((), [first, second, third], notes.append)
+    registry, notes = _resolve([], [], [first, second, third])
+    kept = registry.keys
     assert [(k.name, k.config.databases) for k in kept] == [("first", ("a",)), ("third", ())]
     assert notes == [
         "the catalog's 'first' in database 'a' and 'second' in database 'b' name the same "
@@ -304,16 +328,60 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ("graphile_migrate", "select pg_try_advisory_lock(4727445306447283) as locked", True),
         ("tern", "select pg_advisory_lock(9628173550095224)", True),
         ("atlas_migrate", "SELECT pg_try_advisory_lock(2686470616)", True),
+        *(
+            (name, f"SELECT pg_advisory_xact_lock({_boss_key(key)})", False)
+            for name, key in (
+                ("pgboss_migration", ""),
+                ("pgboss_create_queue", "create-queue"),
+                ("pgboss_delete_queue", "delete-queue"),
+                ("pgboss_queue_stats", "queue-stats"),
+            )
+        ),
+        (
+            "pg_repack",
+            "SELECT pg_try_advisory_lock($1, CAST(-2147483648 + $2::bigint AS integer))".replace(
+                "$1", "16185446"
+            ).replace("$2", "'pg_class'::regclass::oid"),
+            True,
+        ),
+        ("pg_partman_maintenance", _partman("run_maintenance", "_xact"), False),
+        ("pg_partman_partition_data", _partman("partition_data_proc", "_xact", True), False),
+        ("pg_partman_undo_partition", _partman("undo_partition_native", "_xact"), False),
+        ("pg_partman_undo_partition_proc", _partman("undo_partition_proc", "_xact", True), False),
+        ("pg_partman_drop_partition_id", _partman("drop_partition_id", "_xact"), False),
+        ("pg_partman_drop_partition_time", _partman("drop_partition_time", "_xact"), False),
+        ("pg_partman_reapply_constraints", _partman("reapply_constraints"), True),
+        ("pg_partman_run_analyze", _partman("run_analyze"), True),
+        ("pgqueuer_upgrade", "SELECT pg_advisory_lock(2389487409)", True),
+        (
+            "pgqueuer_statistics",
+            "SELECT pg_try_advisory_xact_lock(hashtext('pgqueuer_statistics'))",
+            False,
+        ),
         ("airflow_migration", "SELECT pg_advisory_lock(1)", True),
         ("authentik_migration", "SELECT pg_advisory_lock(1000)", True),
     ]
+
+
+def _boss_key(key: str) -> str:
+    """pg-boss's own SQL for its key (plans.js, advisoryLock), schema pgboss."""
+    return (
+        "('x' || encode(sha224((current_database() || '.pgboss.pgboss"
+        f"{key}')::bytea), 'hex'))::bit(64)::bigint"
+    )
+
+
+def _partman(function: str, level: str = "", per_table: bool = False) -> str:
+    """pg_partman's statement for its lock (pg_partman--4.7.2.sql)."""
+    table = ", hashtext('public.events')" if per_table else ""
+    return f"SELECT pg_try_advisory{level}_lock(hashtext('pg_partman {function}'){table})"
 
 
 def _catalog_keys(scrape: Scrape, target: str) -> dict[tuple[str, str], float]:
     return {
         (labels["key"], labels["datname"]): value
         for labels, value in scrape.find("pg_advisory_key_holders", target=target)
-        if labels["key"] in MIGRATION_KEYS
+        if labels["key"] in NAMES
     }
 
 
@@ -431,7 +499,7 @@ def test_the_users_name_wins_and_the_log_says_so_once(
 def _readme_row(entry: dict[str, str]) -> str:
     name = f"`{entry['name']}`" + ("" if entry["default"] == "on" else " (opt-in)")
     cells = [name, entry["library"], entry["versions"], entry["key"], entry["per_database"]]
-    return "| " + " | ".join([*cells, entry["level"]]) + " |"
+    return "| " + " | ".join([*cells, entry["level"], entry["kind"]]) + " |"
 
 
 def test_the_docs_table_is_the_catalog() -> None:

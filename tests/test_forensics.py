@@ -18,14 +18,13 @@ from support import BACKEND_START, Clock, forensic_backend
 
 from pg_advisory_exporter.collect.connection import Unanswered
 from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
+from pg_advisory_exporter.forensics.answers import Answer, OnDemand
 from pg_advisory_exporter.forensics.glance import CHAIN_DEPTH, blocking_chains
 from pg_advisory_exporter.forensics.page import Page, forensics_json, render
 from pg_advisory_exporter.forensics.read import (
-    Answer,
     Backend,
     Forensics,
     LockEntry,
-    OnDemand,
     assemble,
     backend_from_row,
     conflicts,
@@ -181,6 +180,9 @@ def _row(pid: int, locks: Sequence[Sequence[Any]], **fields: Any) -> dict[str, A
         "state": "idle",
         "state_seconds": 12.5,
         "xact_start": None,
+        "backend_start_unix": BACKEND_START.timestamp(),
+        "xact_start_unix": None,
+        "now_unix": BACKEND_START.timestamp() + 3600,
         **fields,
     }
 
@@ -212,6 +214,10 @@ def test_rows_are_mapped_with_key_names_levels_and_poolers() -> None:
     assert held.key == AdvisoryKey(INT_PAIR_KEY, (3001, -7))
     assert (held.key_name, held.mode) == ("tenant_export", "share")
     assert backend.held_entries == 1
+    # No collection saw it before: held at least since it went idle (collect/holds.py).
+    assert (backend.held_seconds, backend.held_at_least) == (12.5, True)
+    assert held.held_seconds == 12.5
+    assert backend.awaited.held_seconds is None
     # Inside a transaction pg_locks cannot tell: not certainly session-level, not stranded.
     assert backend.session_level is False
     assert backend.pooled == PooledBackend("pgbouncer", "", "transaction")

@@ -22,7 +22,8 @@ from support import (
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.keys.registry import KeyConfig, check_configs, md5_key
+from pg_advisory_exporter.keys.derive import local_parts
+from pg_advisory_exporter.keys.registry import KeyConfig, check_configs
 
 
 @pytest.mark.parametrize(
@@ -58,7 +59,7 @@ def test_entry_validation(entry: dict[str, Any], message: str) -> None:
         (
             [{"name": "t", "text": "billing:nightly", "hash": "md5"},
              {"name": "k", "key": 883015413106721683}],
-            "keys 't' (md5 of 'billing:nightly') and 'k' (key 883015413106721683)",
+            "keys 't' (md5('billing:nightly')) and 'k' (key 883015413106721683)",
         ),
         (
             [{"name": "x", "text": "job", "hash": "hashtextextended"},
@@ -107,15 +108,40 @@ def test_registry_errors_name_the_entries_in_the_file(
     assert f"{path}: keys[0].colour: unknown field" in capsys.readouterr().err
 
 
-def test_md5_keys_are_what_the_server_computes(pg: EmbeddedPostgres) -> None:
+# Each digest's key as SQL computes it from documented functions (pg-boss writes its own so),
+# for both byte orders and each form: PostgreSQL's encode() gives the bytes in order. (The
+# server has no sha1() but in pgcrypto; PALs' own sha1 keys: test_key_libraries.py.)
+DIGEST_SQL = {
+    "md5": "decode(md5(%(t)s), 'hex')",
+    "sha224": "sha224(convert_to(%(t)s, 'UTF8'))",
+    "sha256": "sha256(convert_to(%(t)s, 'UTF8'))",
+}
+BYTES_SQL = (
+    "SELECT get_byte(d, 0), get_byte(d, 1), get_byte(d, 2), get_byte(d, 3), "
+    + "get_byte(d, 4), get_byte(d, 5), get_byte(d, 6), get_byte(d, 7), "
+    + "('x' || left(encode(d, 'hex'), 16))::bit(64)::bigint FROM (SELECT {digest} AS d) AS s"
+)
+
+
+def test_digest_keys_are_what_the_server_computes(pg: EmbeddedPostgres) -> None:
     texts = ["billing:nightly", "cron:recalc-reward-points", "", "caf\u00e9 \u2603", "x" * 500]
     with pg.connect() as conn:
-        for text in texts:
-            row = conn.execute(
-                "SELECT ('x' || left(md5(%s), 16))::bit(64)::bigint", (text,)
-            ).fetchone()
-            assert row is not None
-            assert md5_key(text) == row[0], text
+        for name, digest in DIGEST_SQL.items():
+            for text in texts:
+                row = conn.execute(BYTES_SQL.format(digest=digest), {"t": text}).fetchone()
+                assert row is not None
+                *octets, bigint = row
+                prefix = bytes(octets)
+                assert local_parts(name, text, "bigint", "big") == (bigint,), (name, text)
+                assert local_parts(name, text, "bigint", "little") == (
+                    int.from_bytes(prefix, "little", signed=True),
+                )
+                pair = (
+                    int.from_bytes(prefix[:4], "little", signed=True),
+                    int.from_bytes(prefix[4:], "little", signed=True),
+                )
+                assert local_parts(name, text, "pair", "little") == pair
+                assert local_parts(name, text, "namespace", "little") == pair[:1]
 
 
 @pytest.fixture

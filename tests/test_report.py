@@ -70,6 +70,7 @@ def test_waiters_blockers_clients_poolers_levels_and_missing_grant() -> None:
     in_tx = forensic_backend(
         7, *_held(AdvisoryKey(INT_PAIR_KEY, (2001, -5)), AdvisoryKey(BIGINT_KEY, (1,))),
         state="idle in transaction", state_seconds=30.0, session_level=False, lock_entries=3,
+        held_seconds=95.0, held_at_least=True,
     )  # fmt: skip
     hidden = forensic_backend(
         6, *_held(AdvisoryKey(BIGINT_KEY, (9,))), state=None, state_seconds=None,
@@ -87,12 +88,13 @@ def test_waiters_blockers_clients_poolers_levels_and_missing_grant() -> None:
     assert 'GRANT pg_read_all_stats TO "monitor"' in text
     holder = _line(text, 7)
     assert holder.split()[3:5] == ["idle_in_transaction", "30s"]  # the words of the metrics
+    assert "  at least 1m35s  " in holder  # held since before the exporter looked
     assert "(2001, -5) (+2 more)" in holder
     assert "10.0.0.7:40007" in holder
     assert holder.endswith("session or transaction")  # pg_locks cannot tell inside a transaction
     outside = _line(text, 6)
     # Hidden state, but outside any transaction: idle; the age and the client are hidden.
-    assert outside.split()[3:] == ["idle", "unknown", "9", "-", "-", "-", "session"]
+    assert outside.split()[3:] == ["idle", "unknown", "-", "9", "-", "-", "-", "session"]
     assert _line(text, 5).split()[-4:] == ["pgb", "transaction", "STRANDED", "session"]
     waiting = _line(text, 8)
     assert waiting.split()[3:10] == ["1m15s", "-1", "-", "share", "5", "-", "10.0.0.7:40008"]

@@ -12,11 +12,11 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import pytest
-from support import Connection, Session, wait_until
+from support import Connection, Session, md5_key, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.snapshot import ServerSnapshot, collect_sql, read_snapshot
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry, md5_key
+from pg_advisory_exporter.keys.registry import KeyConfig, Registry
 
 # Keys at the edges: the high bit of objid set (classid 1, objid 0x80000001), negative keys
 # (classid and objid 0xffff...), the extremes of bigint and int4.

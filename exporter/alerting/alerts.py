@@ -351,11 +351,12 @@ class Alerts:
             "{{ $labels.datname }} on {{ $labels.target }}",
             description="The well-known lock {{ $labels.key }} (a migration tool's, see "
             "Well-known keys in docs/configuration.md) "
-            f"{_WHERE} has been held in one state for {_AGE}, "
+            f"{_WHERE} has been held for {_AGE}, "
             f"past {v.duration('migration_lock_held_after')}, or past "
             f"{v.duration('migration_lock_waited_after')} with a session waiting for it: "
             "a migration that hangs, or that crashed with its session still open, blocks "
-            "every deploy after it.",
+            "every deploy after it. A migration's holder is never paged as a leaked lock: "
+            "this is its alert.",
         )
 
     def session_lock_in_transaction_pool(self) -> dict[str, Any]:
@@ -399,9 +400,8 @@ class Alerts:
                 for_="key_held_too_long_for",
                 severity="warning",
                 summary=f"{{{{ $labels.key }}}} has been held for {_AGE}",
-                description="A holder of the registered key {{ $labels.key }} "
-                f"{_WHERE} has been in its current state for {_AGE}, longer than the "
-                "key's max_hold.",
+                description=f"A backend {_WHERE} has held the registered key "
+                f"{{{{ $labels.key }}}} for {_AGE}, longer than the key's max_hold.",
             ),
         ]
 

@@ -73,12 +73,12 @@ class _OddAnswer(Exception):
 
 
 def _hash_texts(
-    conn: psycopg.Connection[Any], texts: Sequence[str], seeds: Sequence[int]
+    conn: psycopg.Connection[Any], texts: Sequence[str], seeds: Sequence[int | None]
 ) -> list[int]:
     rows = conn.execute(HASH_TEXTS_SQL, {"texts": list(texts), "seeds": list(seeds)}).fetchall()
     values = [row[0] for row in rows]
     if len(values) != len(texts) or not all(type(value) is int for value in values):
-        raise _OddAnswer(f"hashtextextended() gave {values[:3]!r} for {len(texts)} texts")
+        raise _OddAnswer(f"hashtext() gave {values[:3]!r} for {len(texts)} texts")
     return values
 
 
@@ -97,35 +97,42 @@ def _without(what: str, exc: Exception, conn: psycopg.Connection[Any], note: Not
     note(f"the server could not give {what} ({str(exc).strip()}): collecting without them")
 
 
+def needs_databases(keys: Sequence[KeyConfig], entries: Sequence[CatalogEntry]) -> bool:
+    """Whether some key is computed per database, so the server's list of them is read."""
+    return catalog.needs_databases(entries) or any(key.per_database for key in keys)
+
+
 def resolve_registry(
     conn: psycopg.Connection[Any],
     keys: Sequence[KeyConfig],
     entries: Sequence[CatalogEntry],
     note: Note,
 ) -> tuple[Registry, frozenset[str], bool]:
-    """The registry on this connection's server: the user's keys, then the catalog's entries
-    for every database it has (read from pg_database, never from pg_locks), the databases
-    that covers, and whether it is complete. A key clash among the user's keys raises
-    CannotCollect. A server-side read that fails or answers oddly leaves its keys out (the
-    catalog's per-database keys, or the hashtextextended keys) and says so through `note`:
-    the registry only names locks, and the collection does not need it to count them."""
+    """The registry on this connection's server: the user's keys, then the catalog's entries,
+    each key computed per database for every database it has (read from pg_database, never
+    from pg_locks), the databases that covers, and whether it is complete. A key clash among
+    the user's keys raises CannotCollect. A server-side read that fails or answers oddly
+    leaves its keys out (those computed per database, or those the server computes) and says
+    so through `note`: the registry only names locks, and the collection does not need it to
+    count them."""
     complete = True
     databases: frozenset[str] = frozenset()
-    if catalog.needs_databases(entries):
+    if needs_databases(keys, entries):
         try:
             databases = _databases(conn)
         except (psycopg.Error, _OddAnswer) as exc:
-            _without("the database names for the catalog's keys", exc, conn, note)
+            _without("the database names for the keys computed per database", exc, conn, note)
             complete = False
     catalog_keys = catalog.key_configs(entries, databases)
     try:
         try:
-            registry = Registry.resolve(keys, partial(_hash_texts, conn), catalog_keys, note)
+            registry = Registry.resolve(
+                keys, partial(_hash_texts, conn), catalog_keys, note, databases
+            )
         except (psycopg.Error, _OddAnswer) as exc:
-            _without("the hashtextextended() keys", exc, conn, note)
+            _without("the keys that hashtext() computes", exc, conn, note)
             complete = False
-            local = [key for key in keys if key.hash != "hashtextextended"]
-            registry = Registry.resolve(local, partial(_hash_texts, conn), catalog_keys, note)
+            registry = Registry.resolve(keys, None, catalog_keys, note, databases)
     except ValueError as exc:
         raise CannotCollect(f"key registry: {exc}") from None
     return registry, databases, complete
@@ -250,7 +257,7 @@ class ServerConnection(KeptConnection[Session]):
         resolved before the next collection, on the same connection, from pg_database."""
         if (
             self._complete
-            and catalog.needs_databases(self._entries)
+            and needs_databases(self._keys, self._entries)
             and not self._databases.issuperset(databases)
         ):
             self._new_database = True

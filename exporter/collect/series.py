@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pg_advisory_exporter.keys.appnames import RewriteRule, fold, rewrite
-from pg_advisory_exporter.keys.registry import NO_KEYS, RegisteredKey, Registry
+from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 from pg_advisory_exporter.metrics import Sample
 
 from .capacity import lock_table_capacity
+from .holds import Holds, HoldTracker
 from .poolers import PoolerView, owner
 from .release import dead_client_release_seconds, idle_in_transaction_release_seconds
-from .snapshot import BackendLocks, KeyUse, ServerSnapshot
+from .snapshot import BackendLocks, KeyUse, ServerSnapshot, counted_uses
 from .vocabulary import (
     EXCLUSIVE,
     IDLE_STATES,
@@ -74,7 +75,7 @@ class _Group:
     wait_max: float = 0.0
     backend_locks_max: int = 0
 
-    def add(self, backend: BackendLocks, long_lived: bool) -> None:
+    def add(self, backend: BackendLocks, exempt: bool) -> None:
         exclusive, share = backend.held_exclusive, backend.held_share
         if exclusive:
             self.locks[EXCLUSIVE, "true"] += exclusive
@@ -88,9 +89,19 @@ class _Group:
             state = state_word(backend.state, not backend.in_transaction)
             self.holders[state] += 1
             self.backend_locks_max = max(self.backend_locks_max, held)
-            # A long-lived key (a leader's) is held while idle on purpose: never a leak.
-            if state in IDLE_STATES and backend.state_seconds is not None and not long_lived:
+            if state in IDLE_STATES and backend.state_seconds is not None and not exempt:
                 self.idle_max[state] = max(self.idle_max.get(state, 0.0), backend.state_seconds)
+
+
+def leak_exempt(backend: BackendLocks, registry: Registry) -> bool:
+    """Whether every advisory lock the backend holds is a long-lived key's: a leader's, or a
+    migration tool's (the catalog's), which Rails holds on a connection of its own that sits
+    idle while the migration runs on another. Such a holder is idle on purpose and never a
+    leak; a lock of any other key beside it is judged as always."""
+    long_lived = sum(
+        use.held for key, use in counted_uses(backend, registry) if key.config.long_lived
+    )
+    return long_lived > 0 and long_lived >= backend.held
 
 
 @dataclass
@@ -99,35 +110,23 @@ class KeyGroup:
 
     holders: int = 0
     waiters: int = 0
-    hold_max: float | None = None
+    hold_max: float | None = None  # the longest a holder has held it (holds.py)
     expected: bool = False  # an expect_held key: 0 holders is a finding, not an absence
 
-    def add(self, backend: BackendLocks, use: KeyUse) -> None:
+    def add(self, use: KeyUse, held_for: float | None) -> None:
         if use.awaited:
             self.waiters += 1
         if use.held:
             self.holders += 1
-            if backend.state_seconds is not None:
-                self.hold_max = max(self.hold_max or 0.0, backend.state_seconds)
-
-
-def counted_uses(backend: BackendLocks, registry: Registry) -> list[tuple[RegisteredKey, KeyUse]]:
-    """The backend's registered keys, in the databases each key is registered for."""
-    if not backend.registered:  # most backends: once per backend and collection
-        return []
-    pairs = [(registry.keys[use.key_index], use) for use in backend.registered]
-    return [
-        (key, use)
-        for key, use in pairs
-        if not key.config.databases or backend.datname in key.config.databases
-    ]
+            if held_for is not None:
+                self.hold_max = max(self.hold_max or 0.0, held_for)
 
 
 def key_groups(
-    snapshot: ServerSnapshot, registry: Registry, database: str | None = None
+    snapshot: ServerSnapshot, registry: Registry, holds: Holds, database: str | None = None
 ) -> dict[tuple[str, str], KeyGroup]:
-    """Holders and waiters of each registered key, by (database, key name), in `database`
-    only if one is given.
+    """Holders and waiters of each registered key, and the longest it has been held, by
+    (database, key name), in `database` only if one is given.
 
     A key that is expected to be held gets an empty group in each of its databases (if it
     names none: `database`, else the connection's), so that nobody holding it shows as 0.
@@ -135,8 +134,11 @@ def key_groups(
     groups: dict[tuple[str, str], KeyGroup] = defaultdict(KeyGroup)
     for backend in snapshot.backends:
         if database is None or backend.datname == database:
+            identity = (backend.pid, backend.backend_start)
             for key, use in counted_uses(backend, registry):
-                groups[backend.datname, key.name].add(backend, use)
+                hold = holds.get(identity, key.name)
+                held_for = None if hold is None else hold.seconds(holds.now)
+                groups[backend.datname, key.name].add(use, held_for)
     for key in registry.keys:
         if key.config.expect_held:
             for datname in key.config.databases or (database or snapshot.current_database,):
@@ -146,10 +148,10 @@ def key_groups(
 
 
 def _key_samples(
-    target: str, snapshot: ServerSnapshot, registry: Registry, database: str | None
+    target: str, snapshot: ServerSnapshot, registry: Registry, holds: Holds, database: str | None
 ) -> list[Sample]:
     samples: list[Sample] = []
-    for (datname, name), group in key_groups(snapshot, registry, database).items():
+    for (datname, name), group in key_groups(snapshot, registry, holds, database).items():
         labels = (target, datname, name)
         if group.holders or group.expected:
             samples.append(Sample("pg_advisory_key_holders", labels, group.holders))
@@ -158,7 +160,7 @@ def _key_samples(
             samples.append(Sample("pg_advisory_key_hold_seconds", labels, group.hold_max))
     samples += [
         Sample("pg_advisory_key_max_hold_seconds", (target, key.name), key.config.max_hold)
-        for key in registry.keys
+        for key in registry.names
         if key.config.max_hold is not None
     ]
     return samples
@@ -216,6 +218,7 @@ def server_samples(
     application_name_limit: int,
     registry: Registry = NO_KEYS,
     *,
+    holds: Holds | None = None,
     poolers: Sequence[PoolerView] = (),
     database: str | None = None,
     server_wide: bool = True,
@@ -225,8 +228,11 @@ def server_samples(
     With a `database`, the series of that database only: its locks, holders, waiters,
     keys and deadlocks. With `server_wide`, the series that describe the whole server too
     (its lock table and version, whether its poolers could be read): the server's target
-    carries them, once for all the targets that read the server (see Target).
+    carries them, once for all the targets that read the server (see Target). `holds` are
+    the server's (holds.py); without them, what this snapshot alone tells.
     """
+    if holds is None:
+        holds = HoldTracker().update(snapshot, registry)
     backends = [b for b in snapshot.backends if database is None or b.datname == database]
     names = [rewrite(backend.application_name, rules) for backend in backends]
     entries_by_name: dict[str, int] = defaultdict(int)
@@ -236,10 +242,7 @@ def server_samples(
 
     groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
     for backend, name in zip(backends, names, strict=True):
-        long_lived = any(
-            key.config.long_lived and use.held for key, use in counted_uses(backend, registry)
-        )
-        groups[backend.datname, folding.label(name)].add(backend, long_lived)
+        groups[backend.datname, folding.label(name)].add(backend, leak_exempt(backend, registry))
 
     samples = [
         Sample("pg_advisory_up", (target,), 1),
@@ -252,6 +255,7 @@ def server_samples(
     ]
     if server_wide:
         samples += _server_wide_samples(target, snapshot)
+        samples.append(Sample("pg_advisory_exporter_untracked_holds", (target,), holds.untracked))
     samples += [
         Sample("pg_advisory_deadlocks_total", (target, datname), deadlocks)
         for datname, deadlocks in sorted(snapshot.deadlocks.items())
@@ -276,7 +280,7 @@ def server_samples(
             Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),
             Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
         ]
-    samples += _key_samples(target, snapshot, registry, database)
+    samples += _key_samples(target, snapshot, registry, holds, database)
     folded = [folding.label(name) for name in names]
     samples += _pooler_samples(target, backends, folded, poolers, server_wide)
     return ServerSamples(samples, folding.folded)

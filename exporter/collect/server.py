@@ -18,6 +18,7 @@ from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.sharing import Shared, Turn
 
 from .connection import ServerConnection, ServerIdentity
+from .holds import NO_HOLDS, Holds, HoldTracker
 from .kept_connection import CannotCollect
 from .poolers import Poolers, PoolerView
 from .scheduling import CollectionPool, Priority, Task, Watchdog
@@ -65,6 +66,7 @@ class Collection:
     error: str | None = None
     # The last read of pg_stat_statements when the collection ended (read apart, rarely).
     statements: StatementsRead | None = None
+    holds: Holds = NO_HOLDS  # how long each lock seen has been held (holds.py)
 
     @property
     def ok(self) -> bool:
@@ -144,6 +146,7 @@ class Server:
         self._answering: tuple[object, Reader | None] = ((), None)
         # Used by the collection only, and collections of one server never overlap.
         self._claimed: ServerIdentity | None = None
+        self._holds = HoldTracker()
         self._said = logs.Changes()
 
     # -- who reads it ------------------------------------------------------------------------
@@ -365,13 +368,19 @@ class Server:
                 self._connection.drop()
             return self._failed(started, self._describe(exc, expired))
         self._check_privilege(snapshot)
+        holds = self._holds.update(snapshot, self._connection.registry)
         poolers = self._read_poolers(started)
         self._statements.due()
         finished = self._clock()
         if self._said.changed("collection", None):
             log.info("collection succeeded again", extra={"target": self.name})
         return Collection(
-            finished, finished - started, snapshot, poolers, statements=self._statements.last()
+            finished,
+            finished - started,
+            snapshot,
+            poolers,
+            statements=self._statements.last(),
+            holds=holds,
         )
 
     def _snapshot(self) -> ServerSnapshot:

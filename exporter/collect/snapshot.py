@@ -12,7 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY
-from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
+from pg_advisory_exporter.keys.registry import NO_KEYS, RegisteredKey, Registry
 
 from .capacity import CapacitySettings
 from .release import ReleaseSettings
@@ -63,7 +63,9 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 # - Table and advisory entries are every entry less the fast-path and the other entries:
 #   an advisory lock, the row there can be 100,000 of, is then counted once, not twice
 #   (one transition call less per row: about 0.02x the bare count at 100,000 locks).
-# - state_change is NULL where privileges hide it, so state_seconds is NULL there too.
+# - state_change is NULL where privileges hide it, so state_seconds is NULL there too, as are
+#   backend_start and xact_start; the three bound how long a lock has been held (holds.py),
+#   and now() (the statement's start) is what they are measured against.
 # - client_addr and client_port say which pooler connection a backend serves; a Unix
 #   socket's port is -1, read as NULL like a hidden one.
 # - Deadlocks are read for every database but the templates (datistemplate, template0,
@@ -137,6 +139,7 @@ totals AS (
         END AS socket_keepalives,
         pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats,
         pg_catalog.current_database() AS current_database,
+        extract(epoch FROM now())::float8 AS read_at,
         (SELECT pg_catalog.json_object_agg(d.datname, d.deadlocks)
            FROM pg_catalog.pg_stat_database AS d
            JOIN pg_catalog.pg_database AS db ON db.oid = d.datid
@@ -153,6 +156,8 @@ SELECT
     pg_catalog.host(a.client_addr) AS client_addr,
     nullif(a.client_port, -1) AS client_port,
     extract(epoch FROM now() - a.state_change)::float8 AS state_seconds,
+    extract(epoch FROM a.backend_start)::float8 AS backend_start,
+    extract(epoch FROM a.xact_start)::float8 AS xact_start,
     CASE WHEN b.awaited_mode IS NOT NULL
          THEN extract(epoch FROM now() - coalesce(b.wait_start, now()))::float8
     END AS wait_seconds
@@ -316,6 +321,10 @@ class BackendLocks:
     # a Unix socket, or where privileges hide it.
     client_addr: str | None = None
     client_port: int | None = None
+    # When the backend and its transaction started (Unix time); None where privileges hide
+    # them, and the transaction's outside one.
+    backend_start: float | None = None
+    xact_start: float | None = None
 
     @property
     def waiting(self) -> bool:
@@ -334,6 +343,18 @@ class BackendLocks:
         return self.held_share + self.held_exclusive
 
 
+def counted_uses(backend: BackendLocks, registry: Registry) -> list[tuple[RegisteredKey, KeyUse]]:
+    """The backend's registered keys, in the databases each key is registered for."""
+    if not backend.registered:  # most backends: once per backend and collection
+        return []
+    pairs = [(registry.keys[use.key_index], use) for use in backend.registered]
+    return [
+        (key, use)
+        for key, use in pairs
+        if not key.config.databases or backend.datname in key.config.databases
+    ]
+
+
 def grant_read_all_stats(role: str) -> str:
     """The statement that lets `role` see other sessions' state (without it,
     can_read_all_stats is false), as the messages that ask for it write it."""
@@ -347,6 +368,7 @@ class ServerSnapshot:
 
     server_version: str
     current_database: str
+    read_at: float  # the server's now() when it read pg_locks (Unix time)
     capacity_settings: CapacitySettings
     release_settings: ReleaseSettings
     can_read_all_stats: bool
@@ -395,6 +417,8 @@ def _backend(row: Mapping[str, Any]) -> BackendLocks:
         registered=_key_uses(row),
         client_addr=row["client_addr"],
         client_port=row["client_port"],
+        backend_start=row["backend_start"],
+        xact_start=row["xact_start"],
     )
 
 
@@ -422,6 +446,7 @@ def read_snapshot(conn: psycopg.Connection[Any], registry: Registry = NO_KEYS) -
     return ServerSnapshot(
         server_version=first["server_version"].split()[0],
         current_database=first["current_database"],
+        read_at=first["read_at"],
         capacity_settings=CapacitySettings(
             server_version_num=first["server_version_num"],
             max_locks_per_transaction=first["max_locks_per_transaction"],

@@ -13,6 +13,7 @@ from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.endpoints import LOCKS_PATH
 from pg_advisory_exporter.metrics import Sample, locks_page_info
 
+from .holds import NO_HOLDS, Holds
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .series import server_samples, target_series
 from .server import Collection, Directory, Server
@@ -156,6 +157,7 @@ class Target:
                 self._rules,
                 self.settings.application_name_limit,
                 reader.registry,
+                holds=collection.holds,
                 poolers=collection.poolers,
                 database=self.database,
                 server_wide=server_wide,
@@ -178,6 +180,11 @@ class Target:
     def statements(self) -> StatementsRead | None:
         """Its server's last rare read of pg_stat_statements, if one was made."""
         return self.server.reader().statements()
+
+    def holds(self) -> Holds:
+        """How long its server's locks had been held at the last successful collection."""
+        last = self.server.reader().last()
+        return NO_HOLDS if last is None or last.snapshot is None else last.holds
 
     def health(self) -> Health:
         reader = self.server.reader()

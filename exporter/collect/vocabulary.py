@@ -68,3 +68,11 @@ def format_age(seconds: float | None) -> str:
     if seconds is None:
         return UNKNOWN
     return format_duration(seconds, 1.0 if seconds >= 60 else 0.1)
+
+
+def format_held(seconds: float | None, at_least: bool) -> str:
+    """How long a lock has been held (collect/holds.py), "at least" where the exporter did
+    not see the hold begin."""
+    if seconds is None:
+        return "-"
+    return ("at least " if at_least else "") + format_age(seconds)

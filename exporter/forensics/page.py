@@ -11,12 +11,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pg_advisory_exporter.collect.statements import StatementsRead
-from pg_advisory_exporter.collect.vocabulary import format_age
+from pg_advisory_exporter.collect.vocabulary import format_age, format_held
 from pg_advisory_exporter.hygiene.statements import RULES, SAFE_FORM, WHAT
 from pg_advisory_exporter.keys.key import BIGINT_KEY
 
+from .answers import Answer
 from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, key_groups, split_held
-from .read import Answer, Backend, ContendedKey, Forensics, LockEntry, Waiter
+from .read import Backend, ContendedKey, Forensics, LockEntry, Waiter
 
 # Every value on the page comes from the server, and clients choose their own
 # application_name and query text: each is escaped, and the page may run no script at all.
@@ -43,6 +44,8 @@ def _lock(lock: LockEntry) -> dict[str, Any]:
         "mode": lock.mode,
         "granted": lock.granted,
     }
+    if lock.held_seconds is not None:
+        found["held_seconds"] = lock.held_seconds
     if not lock.granted:
         found["wait_start"] = _time(lock.wait_start)
         found["wait_seconds"] = lock.wait_seconds
@@ -90,6 +93,8 @@ def _holder(backend: Backend, query_text: bool) -> dict[str, Any]:
     return {
         **_backend(backend, query_text),
         "held_entries": backend.held_entries,
+        "held_seconds": backend.held_seconds,
+        "held_at_least": backend.held_at_least,
         "locks": [_lock(lock) for lock in backend.held],
         "locks_left_out": backend.held_left_out,
         "key_groups": [{"group": g, "locks": n} for g, n in key_groups(backend)],
@@ -223,7 +228,10 @@ def _moment(value: datetime | None) -> str | None:
 
 
 def _key(lock: LockEntry) -> str:
-    name = "" if lock.key_name is None else f" ({html.escape(lock.key_name)})"
+    name = "" if lock.key_name is None else f" ({html.escape(lock.key_name)}"
+    if lock.key_name is not None and lock.held_seconds is not None:
+        name += f", held {_e(format_age(lock.held_seconds))}"
+    name += ")" if name else ""
     return f'<code class="key">{_e(lock.key)}</code>{name}'
 
 
@@ -369,10 +377,13 @@ def _holders_table(forensics: Forensics) -> str:
 
 
 def _state(backend: Backend) -> str:
-    """Its state and for how long, and the level of its locks, a line each."""
+    """Its state and for how long, how long it has held advisory locks, and their level, a
+    line each."""
+    held = format_held(backend.held_seconds, backend.held_at_least)
     lines = [
         f'<span class="state">{_e(backend.state_word)}</span>',
         f'<span class="note">for</span> {_e(format_age(backend.state_seconds))}',
+        f'<span class="note">held</span> <span class="held">{_e(held)}</span>',
         f'<span class="note">level</span> {_e(backend.level)}',
     ]
     return "".join(f'<span class="line">{line}</span>' for line in lines)
@@ -517,9 +528,12 @@ def _html_parts(forensics: Forensics) -> tuple[str, str]:
         + f"<h2>Holders ({len(forensics.holders)})</h2>\n{_holders_table(forensics)}"
         + f"<h2>Contended keys ({len(forensics.contended)})</h2>\n{_contended_table(forensics)}"
         + _statements_section(forensics.statements)
-        + '<p class="note">"Level": a backend outside any transaction holds only '
-        "session-level locks; inside one, pg_locks cannot tell session from transaction "
-        'level. "To end it" is shown, never run.</p>\n'
+        + '<p class="note">"Held": how long a holder has held advisory locks, at least as '
+        "long as the exporter has seen it hold them, and since it went idle if that was "
+        'earlier ("at least": it held them when the exporter began to watch). "Level": a '
+        "backend outside any transaction holds only session-level locks; inside one, "
+        'pg_locks cannot tell session from transaction level. "To end it" is shown, never '
+        "run.</p>\n"
     )
     before, _, after = _document(f"Advisory locks of {forensics.target}", body).partition(_AGE)
     return before, after

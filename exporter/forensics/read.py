@@ -4,30 +4,27 @@ person asks (`/locks`, `check`), never on a scrape."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect import vocabulary
-from pg_advisory_exporter.collect.connection import Session, Unanswered, new_session
+from pg_advisory_exporter.collect.connection import Session, new_session
+from pg_advisory_exporter.collect.holds import NO_HOLDS, Hold, Holder, Holds, hold_of
 from pg_advisory_exporter.collect.poolers import PooledBackend, Poolers, PoolerView, owner
 from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.statements import StatementsRead
 from pg_advisory_exporter.config.model import LocksPageSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.keys.key import AdvisoryKey
-from pg_advisory_exporter.keys.registry import Registry
-from pg_advisory_exporter.sharing import Shared, Turn
+from pg_advisory_exporter.keys.registry import Level, Registry
 
 log = logs.named("forensics")
 
@@ -62,6 +59,9 @@ MAX_BACKENDS = 500
 #   not a pg_catalog function).
 # - {query} selects the query text only where the target turns it on, cut to a length on the
 #   server: the column is not read at all otherwise.
+# - The start of the backend and of its transaction, and now(), as Unix times: what the
+#   collection reads them as, so that a backend is the one its holds were tracked under, and
+#   what bounds how long it has held its locks (collect/holds.py).
 _FORENSICS_TEMPLATE = """
 WITH forensic_locks AS MATERIALIZED (
     SELECT l.pid, l.database, l.classid, l.objid, l.objsubid, l.mode, l.granted, l.waitstart,
@@ -119,7 +119,9 @@ SELECT pid, lock_entries, backends_total, locks, datname, application_name,
        pg_catalog.host(client_addr) AS client_addr,
        nullif(client_port, -1) AS client_port,
        backend_start, state, extract(epoch FROM now() - state_change)::float8 AS state_seconds,
-       xact_start{query_column}
+       xact_start, extract(epoch FROM now())::float8 AS now_unix,
+       extract(epoch FROM backend_start)::float8 AS backend_start_unix,
+       extract(epoch FROM xact_start)::float8 AS xact_start_unix{query_column}
 FROM ranked
 WHERE rank <= %(max_backends)s
 ORDER BY rank
@@ -149,6 +151,7 @@ class LockEntry:
     wait_seconds: float | None = None  # awaited only
     key_name: str | None = None  # from the key registry or the catalog
     catalog: bool = False  # the name is the built-in catalog's
+    held_seconds: float | None = None  # held, of a named key: how long (collect/holds.py)
 
     @property
     def lock(self) -> tuple[int, AdvisoryKey]:
@@ -173,6 +176,10 @@ class Backend:
     locks: tuple[LockEntry, ...]  # those listed: the awaited one and contended keys first
     query: str | None = None  # only where the target's locks_page.query_text is on
     pooled: PooledBackend | None = None
+    # How long it has held advisory locks (collect/holds.py); None if it holds none. At least
+    # that long where the exporter did not see the hold begin (it found it held).
+    held_seconds: float | None = None
+    held_at_least: bool = False
 
     @property
     def awaited(self) -> LockEntry | None:
@@ -272,7 +279,13 @@ class Forensics:
         return self.backends_total - len(self.backends)
 
 
-def _entry(values: Sequence[Any], datname: str, registry: Registry) -> LockEntry:
+# How long a backend has held a named key (its level, its name), in seconds.
+_HeldFor = Callable[[Level | None, str], float]
+
+
+def _entry(
+    values: Sequence[Any], datname: str, registry: Registry, held_for: _HeldFor
+) -> LockEntry:
     database, classid, objid, objsubid, mode, granted, wait_start, wait_seconds = values
     named = registry.lookup(objsubid, classid, objid, datname)
     return LockEntry(
@@ -285,15 +298,39 @@ def _entry(values: Sequence[Any], datname: str, registry: Registry) -> LockEntry
         wait_seconds=None if wait_seconds is None else max(wait_seconds, 0.0),
         key_name=None if named is None else named.name,
         catalog=named is not None and named.catalog,
+        held_seconds=held_for(named.config.level, named.name) if named and granted else None,
     )
 
 
 def backend_from_row(
-    row: Mapping[str, Any], registry: Registry, poolers: Sequence[PoolerView] = ()
+    row: Mapping[str, Any],
+    registry: Registry,
+    poolers: Sequence[PoolerView] = (),
+    holds: Holds = NO_HOLDS,
 ) -> Backend:
+    """One backend of the read, its holds bounded by what the collections before saw
+    (`holds`: the server's last collection's) and by this read's own timestamps."""
     datname = row["datname"] or ""
-    state_seconds = row["state_seconds"]
-    return Backend(
+    state_seconds = None if row["state_seconds"] is None else max(row["state_seconds"], 0.0)
+    outside = bool(row["outside_transaction"])
+    holder = Holder(
+        row["pid"],
+        row["backend_start_unix"],
+        row["xact_start_unix"],
+        row["state"],
+        state_seconds,
+        not outside,
+    )
+    now, watching = row["now_unix"], holds.now > 0
+
+    def held(level: Level | None, name: str | None = None) -> Hold:
+        return hold_of(holder, now, level, holds.get(holder.identity, name), watching)
+
+    locks = tuple(
+        _entry(values, datname, registry, lambda level, name: held(level, name).seconds(now))
+        for values in row["locks"] or ()
+    )
+    backend = Backend(
         pid=row["pid"],
         datname=datname,
         application_name=row["application_name"] or "",
@@ -301,15 +338,19 @@ def backend_from_row(
         client_port=row["client_port"],
         backend_start=row["backend_start"],
         state=row["state"],
-        state_seconds=None if state_seconds is None else max(state_seconds, 0.0),
+        state_seconds=state_seconds,
         xact_start=row["xact_start"],
-        session_level=vocabulary.certainly_session_level(
-            bool(row["outside_transaction"]), row["state"]
-        ),
+        session_level=vocabulary.certainly_session_level(outside, row["state"]),
         lock_entries=row["lock_entries"],
-        locks=tuple(_entry(values, datname, registry) for values in row["locks"] or ()),
+        locks=locks,
         query=row.get("query"),
         pooled=owner(poolers, row["pid"], row["client_addr"], row["client_port"]),
+    )
+    if not backend.held_entries:
+        return backend
+    hold = held(None)
+    return dataclasses.replace(
+        backend, held_seconds=hold.seconds(now), held_at_least=not hold.seen_begin
     )
 
 
@@ -401,9 +442,10 @@ def build(
     poolers: Sequence[PoolerView] = (),
     *,
     query_text: bool = False,
+    holds: Holds = NO_HOLDS,
 ) -> Forensics:
     """Map the statement's rows (backends_total is on each: the same count)."""
-    backends = [backend_from_row(row, registry, poolers) for row in rows]
+    backends = [backend_from_row(row, registry, poolers, holds) for row in rows]
     total = rows[0]["backends_total"] if rows else 0
     return assemble(target, backends, total, poolers=poolers, query_text=query_text)
 
@@ -437,11 +479,13 @@ def answer(
     target: TargetSettings,
     watchdog: Watchdog,
     first: Callable[[Session], None] | None = None,
+    holds: Callable[[], Holds] = lambda: NO_HOLDS,
 ) -> tuple[Forensics, Session]:
     """Read the target once: the server, then its poolers, all within one collection's
     deadline (connect_timeout + statement_timeout + 1s); and the session it was read on, now
     closed. `first` runs on that session before the read (`check` reads the collection's
-    statement there). Raises Unanswered."""
+    statement there); `holds` gives what the collections saw held, asked once the read is
+    done. Raises Unanswered."""
     settings = target.locks_page
     deadline = target.collection.scrape_wait
     started = time.monotonic()
@@ -450,98 +494,12 @@ def answer(
             first(session)
         rows = read_rows(session.conn, settings)
     views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
-    forensics = build(target.name, rows, session.registry, views, query_text=settings.query_text)
+    forensics = build(
+        target.name,
+        rows,
+        session.registry,
+        views,
+        query_text=settings.query_text,
+        holds=holds(),
+    )
     return forensics, session
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One read's outcome: the forensics, or why there are none."""
-
-    forensics: Forensics | None
-    error: str | None
-    finished: float  # monotonic clock
-    # What the requests that get this answer make of it (its /locks page in each format),
-    # made by the first that asks and kept with the answer for the others: a hundred viewers
-    # of one read cost one render, not a hundred, in time and in memory.
-    _made: dict[Hashable, object] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    _making: threading.Lock = field(
-        default_factory=threading.Lock, init=False, repr=False, compare=False
-    )
-
-    def made(self, key: Hashable, make: Callable[[Answer], T]) -> T:
-        """make(self), once per key: the requests that ask meanwhile wait for it."""
-        with self._making:
-            if key not in self._made:
-                self._made[key] = make(self)
-            return cast(T, self._made[key])
-
-
-class OnDemand:
-    """One target's answers: a request within `reuse_for` of the last answer gets it, and
-    requests that arrive while a read runs wait for it (at most `wait_at_most`), so that any
-    number of people and scripts cause at most one read of pg_locks per `reuse_for`. The
-    read runs in the caller's thread (an HTTP request's), never on the collection pool."""
-
-    def __init__(
-        self,
-        read: Callable[[], Forensics],
-        reuse_for: float,
-        wait_at_most: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._read = read
-        self._answers: Shared[Answer] = Shared(reuse_for, clock)
-        self._wait_at_most = wait_at_most  # for a read that somebody else runs
-        self._clock = clock
-
-    def get(self) -> tuple[Answer, float]:
-        """An answer and its age in seconds."""
-        asked = self._answers.ask()
-        if isinstance(asked, Turn):
-            try:
-                answer = self._answer()
-            except BaseException as exc:  # the read's waiters are never left waiting
-                asked.future.set_exception(exc)
-                raise
-            asked.future.set_result(answer)
-            return answer, 0.0
-        if isinstance(asked, Future):
-            try:
-                answer = asked.result(timeout=self._wait_at_most)
-            except FutureTimeout:
-                gave_up = "another read of this target is still running; try again later"
-                return Answer(None, gave_up, self._clock()), 0.0
-        else:
-            answer = asked
-        return answer, self._clock() - answer.finished
-
-    def _answer(self) -> Answer:
-        try:
-            forensics: Forensics | None = self._read()
-            error = None
-        except Unanswered as exc:
-            forensics, error = None, str(exc)
-        except Exception:  # a bug must not take down the exporter
-            log.exception("reading the locks failed unexpectedly")
-            forensics, error = None, "internal error, see the exporter's log"
-        return Answer(forensics, error, self._clock())
-
-
-def on_demand(
-    target: TargetSettings,
-    watchdog: Watchdog,
-    statements: Callable[[], StatementsRead | None] = lambda: None,
-) -> OnDemand:
-    """The answers of one target as its configuration says: reused for locks_page.reuse_for.
-    Each carries what `statements` gives then: the daemon's last read of pg_stat_statements
-    (a page view never reads it: its texts can be megabytes)."""
-    # A read runs into its deadline, then its poolers' reads: wait for both, and a second.
-    wait = 2 * target.collection.scrape_wait + 1.0
-
-    def read() -> Forensics:
-        return dataclasses.replace(answer(target, watchdog)[0], statements=statements())
-
-    return OnDemand(read, target.locks_page.reuse_for, wait)

@@ -31,8 +31,8 @@ from pg_advisory_exporter.endpoints import (
     READY_PATH,
     RELOAD_PATH,
 )
+from pg_advisory_exporter.forensics.answers import Answer
 from pg_advisory_exporter.forensics.page import CONTENT_SECURITY_POLICY, render
-from pg_advisory_exporter.forensics.read import Answer
 
 from .collector import ProbeCollector, ScrapeContext, current_scrape
 from .connections import Connection, Connections

@@ -1,9 +1,10 @@
-"""The built-in catalog of well-known advisory keys: the migration locks of common libraries.
+"""The built-in catalog of well-known advisory keys: the locks that common libraries and tools
+take, migration tools' first.
 
 Each entry names the key one library computes, so that `pg_advisory_key_holders` says
 `key="rails_migration"` where it would otherwise show a bare number. Every key below was
-read in the library's own source (the repository, file, function and commit are in the
-comment above each entry) and is pinned by tests/test_catalog.py; none of that code is
+read in the library's own source (the repository or package, file, function and version are
+in the comment above each entry) and is pinned by tests/test_catalog.py; none of that code is
 copied here. A key that depends on the database name is computed for each database the
 target's server has, and counts only in that database.
 """
@@ -13,12 +14,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator
 
 from .key import signed, unsigned
-from .registry import KeyConfig
+from .registry import KeyConfig, Level
 
 
 def crc32(text: str) -> int:
@@ -54,31 +55,85 @@ def fnv1_32(text: str) -> int:
 # Flyway: "Flyway" in ASCII, one byte per position from bit 40 down.
 _FLYWAY_BASE = (0x46 << 40) + (0x6C << 32) + (0x79 << 24) + (0x77 << 16) + (0x61 << 8) + 0x79
 
+# What a lock guards, which decides how the exporter judges a holder of it:
+# - migration: a schema migration (or install). Its holder may sit idle on purpose while the
+#   migration runs on another connection (Rails), so it never counts as a leaked lock;
+#   PgAdvisoryMigrationLockStuck pages on how long it has been held instead.
+# - maintenance: long work on the database (a repack, partition maintenance).
+# - queue: a job queue's short critical sections.
+Kind = Literal["migration", "maintenance", "queue"]
+
 
 @dataclass(frozen=True)
 class CatalogEntry:
-    """One library's lock: a fixed key, or one computed from the database's name."""
+    """One library's lock: a fixed key, one computed from the database's name, or one that
+    the registry's own forms describe (`form`: a namespace, a digest, hashtext())."""
 
     name: str  # the `key` label value; a contract: alerts and dashboards match on it
     library: str
     versions: str
     key_text: str  # the key, or how it is computed, as docs/configuration.md shows it
-    level: str  # how the library takes the lock
+    level: str  # how the library takes the lock, in words
+    kind: Kind
+    # The level where the library always takes the lock at one level: a transaction-level
+    # lock was taken within its holder's transaction (see collect/holds.py).
+    lock_level: Level | None
     key: int | None = None  # the same in every database
     per_database: Callable[[str], int] | None = None  # database name -> key
+    form: KeyConfig | None = None  # a registry form (its name is replaced by the entry's)
     default: bool = True  # on unless the configuration lists the entries to keep
 
     def describe(self) -> dict[str, str]:
         """The entry as the table of docs/configuration.md shows it."""
+        per_database = self.per_database is not None or (
+            self.form is not None and self.form.per_database
+        )
         return {
             "name": self.name,
             "library": self.library,
             "versions": self.versions,
             "key": self.key_text,
-            "per_database": "yes" if self.per_database is not None else "no",
+            "per_database": "yes" if per_database else "no",
             "level": self.level,
+            "kind": self.kind,
             "default": "on" if self.default else "opt-in",
         }
+
+    def config(self, **fields: object) -> KeyConfig:
+        """A registry entry for this entry's key (built without validation: the tests check
+        that every one validates): a catalog migration key is long-lived, its holder never
+        counted as a leak."""
+        base = self.form if self.form is not None else KeyConfig.model_construct(name=self.name)
+        update = {"name": self.name, "level": self.lock_level, "long_lived": self.migration}
+        return base.model_copy(update={**update, **fields})
+
+    @property
+    def migration(self) -> bool:
+        return self.kind == "migration"
+
+
+def _hashtext(text: str, form: Literal["bigint", "namespace"] = "bigint") -> KeyConfig:
+    """A key that the library computes with PostgreSQL's hashtext() (the server computes it)."""
+    return KeyConfig.model_construct(name="_", text=text, hash="hashtext", form=form)
+
+
+def _partman(
+    name: str, function: str, level: Level, *, text: str | None = None, per_table: bool = False
+) -> CatalogEntry:
+    """A pg_partman lock: hashtext('pg_partman <function>'), with the parent table's hashtext
+    as a pair's second int where it locks per table."""
+    text = f"pg_partman {text or function}"
+    key_text = f"hashtext('{text}')"
+    return CatalogEntry(
+        name=f"pg_partman_{name}",
+        library=f"pg_partman ({function})",
+        versions="4.7",
+        key_text=f"({key_text}, hashtext(parent table))" if per_table else key_text,
+        level=f"{level} (pg_try_advisory{'_xact' if level == 'transaction' else ''}_lock)",
+        kind="maintenance",
+        lock_level=level,
+        form=_hashtext(text, "namespace" if per_table else "bigint"),
+    )
 
 
 ENTRIES: tuple[CatalogEntry, ...] = (
@@ -95,6 +150,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 5.0",
         key_text="2053462845 * crc32(database)",
         level="session (pg_try_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         per_database=lambda database: 2053462845 * crc32(database),
     ),
     # SQLx, >= 0.4 (read at launchbadge/sqlx 9d6bf662, v0.8.6+; added in 61e4a4f5, first
@@ -107,6 +164,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 0.4",
         key_text="1026731422 * crc32(database)",
         level="session (pg_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         per_database=lambda database: 0x3D32AD9E * crc32(database),
     ),
     # golang-migrate, >= 4.15.0 (read at golang-migrate/migrate 18966c75, v4.19.1+; the
@@ -124,6 +183,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 4.15",
         key_text='crc32("public\\0schema_migrations\\0/" + database) * 1486364155 mod 2^32',
         level="session (pg_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         per_database=lambda database: golang_migrate_key(
             "/" + database, "public", "schema_migrations"
         ),
@@ -136,6 +197,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 4.15",
         key_text='crc32("public\\0schema_migrations\\0" + database) * 1486364155 mod 2^32',
         level="session (pg_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         per_database=lambda database: golang_migrate_key(database, "public", "schema_migrations"),
     ),
     # Grafana's own migrator (read at grafana/grafana 016e76c8, advisory_lock_id.go at
@@ -151,6 +214,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions="Grafana with migration_locking (the default)",
         key_text="crc32(database) * 1486364155 mod 2^32",
         level="session (pg_try_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         per_database=golang_migrate_key,
     ),
     # Prisma Migrate (read at prisma/prisma-engines 04251199): schema-engine/connectors/
@@ -163,6 +228,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions="current engines (older not checked)",
         key_text="72707369",
         level="session (pg_advisory_lock, 10 s timeout)",
+        kind="migration",
+        lock_level="session",
         key=72707369,
     ),
     # Sqitch, >= 1.2.0 (read at sqitchers/sqitch 0ab857e3, v1.6.1+): lib/App/Sqitch/
@@ -174,6 +241,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 1.2",
         key_text="75474063",
         level="session (pg_try_advisory_lock, then pg_advisory_lock for up to 60 s)",
+        kind="migration",
+        lock_level="session",
         key=75474063,
     ),
     # goose, >= 3.26.0 (read at pressly/goose 520411a1, v3.27.3; changed in 57d20f1, first in
@@ -187,6 +256,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 3.26",
         key_text='4097083626 (crc32 of "goose")',
         level="session (pg_try_advisory_lock, retried)",
+        kind="migration",
+        lock_level="session",
         key=4097083626,
     ),
     # goose 3.15.1 to 3.25.x (read at tag v3.25.0): the same file's DefaultLockID was
@@ -197,6 +268,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions="3.15.1 - 3.25",
         key_text='5887940537704921958 (crc64 ECMA of "goose")',
         level="session (pg_try_advisory_lock, retried)",
+        kind="migration",
+        lock_level="session",
         key=5887940537704921958,
     ),
     # Flyway (read at flyway/flyway c5e20fc7, flyway-13.0.0): flyway-database/
@@ -214,6 +287,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         " = 77433833903597",
         level="transaction (pg_try_advisory_xact_lock, retried); session with "
         "postgresql.transactional.lock=false",
+        kind="migration",
+        lock_level=None,
         key=_FLYWAY_BASE + java_string_hash('"public"."flyway_schema_history"'),
     ),
     # node-pg-migrate, >= 3.0 (read at salsita/node-pg-migrate 55b10c22, v10.0.0-alpha.2, and
@@ -226,19 +301,25 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 3.0",
         key_text="7241865325823964",
         level="session (pg_try_advisory_lock; pg_advisory_lock in wait mode)",
+        kind="migration",
+        lock_level="session",
         key=7241865325823964,
     ),
-    # Kysely's Migrator (read at kysely-org/kysely 478ec67b, v0.29.5+, and every tag from
-    # 0.7.8): src/dialect/postgres/postgres-adapter.ts, LOCK_ID = 3853314791062309107;
-    # PostgresAdapter.acquireMigrationLock runs pg_advisory_xact_lock(LOCK_ID) in the
-    # migration's transaction up to 0.29.2, and a session pg_advisory_lock(LOCK_ID) (with a
-    # one-hour lock_timeout) from 0.29.3.
+    # Kysely's Migrator (read at kysely-org/kysely 478ec67b, v0.29.5+, and in the npm tarballs
+    # of 0.27.6, 0.28.0, 0.28.17-0.28.19 and 0.29.0-0.29.9): dist/.../postgres-adapter.js,
+    # LOCK_ID = 3853314791062309107. PostgresAdapter.acquireMigrationLock runs
+    # pg_advisory_xact_lock(LOCK_ID) in the migration's transaction up to 0.28.17 and in 0.29.0
+    # to 0.29.2, and a session pg_advisory_lock(LOCK_ID) (with a one-hour lock_timeout, and an
+    # unlock at the end) in 0.28.18, 0.28.19 and from 0.29.3.
     CatalogEntry(
         name="kysely_migration",
         library="Kysely's Migrator",
         versions=">= 0.7.8",
         key_text="3853314791062309107",
-        level="session (pg_advisory_lock) since 0.29.3; transaction (pg_advisory_xact_lock) before",
+        level="session (pg_advisory_lock) in 0.28.18-0.28.19 and from 0.29.3; transaction "
+        "(pg_advisory_xact_lock) up to 0.28.17 and in 0.29.0-0.29.2",
+        kind="migration",
+        lock_level=None,
         key=3853314791062309107,
     ),
     # Graphile Migrate, >= 0.1.0 (read at graphile/migrate 54ea390, v2.0.0-rc.3):
@@ -250,6 +331,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 0.1",
         key_text="4727445306447283",
         level="session (pg_try_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         key=4727445306447283,
     ),
     # tern, >= 1.0 (read at jackc/tern e73daa1, v2.4.2): migrate/migrate.go, lockNum =
@@ -260,6 +343,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 1.0",
         key_text="9628173550095224",
         level="session (pg_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         key=9628173550095224,
     ),
     # Atlas, >= 0.6 (read at ariga/atlas a5e0aecc, v1.2.3): cmd/atlas/internal/cmdapi/
@@ -272,7 +357,116 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions=">= 0.6",
         key_text='2686470616 (FNV-1 32 of "atlas_migrate_execute")',
         level="session (pg_try_advisory_lock, retried)",
+        kind="migration",
+        lock_level="session",
         key=fnv1_32("atlas_migrate_execute"),
+    ),
+    # pg-boss 10 to 12 (read in the npm tarballs of 10.1.6, 11.1.1 and 12.38.0): plans.js,
+    # advisoryLock(schema, key) / advisoryLockKey: ('x' || encode(sha224((current_database()
+    # || '.pgboss.' || schema || key)::bytea), 'hex'))::bit(64)::bigint, taken with
+    # pg_advisory_xact_lock in the transaction of locked(). Migrations and installs lock the
+    # empty key (migrationStore.js, plans.create); in 10.x its maintenance (expiring,
+    # archiving, dropping jobs: boss.js) does too. The schema is `pgboss` unless configured;
+    # another schema's key is the registry's per-database sha224 form.
+    CatalogEntry(
+        name="pgboss_migration",
+        library="pg-boss (its schema lock: migrations and installs; maintenance too in 10.x)",
+        versions="10 - 12, schema pgboss",
+        key_text='sha224(database + ".pgboss.pgboss"), first 8 bytes',
+        level="transaction (pg_advisory_xact_lock)",
+        kind="migration",
+        lock_level="transaction",
+        form=KeyConfig.model_construct(
+            name="_", text="{database}.pgboss.pgboss", hash="sha224", per_database=True
+        ),
+    ),
+    # pg-boss 11 and 12 (the same plans.js): createQueue and deleteQueue lock the keys
+    # 'create-queue' and 'delete-queue', and the queue statistics 'queue-stats' (12.x takes
+    # it with pg_try_advisory_xact_lock).
+    *(
+        CatalogEntry(
+            name=f"pgboss_{key.replace('-', '_')}",
+            library=f"pg-boss ({what})",
+            versions="11 - 12, schema pgboss",
+            key_text=f'sha224(database + ".pgboss.pgboss{key}"), first 8 bytes',
+            level="transaction (pg_advisory_xact_lock)",
+            kind="queue",
+            lock_level="transaction",
+            form=KeyConfig.model_construct(
+                name="_", text=f"{{database}}.pgboss.pgboss{key}", hash="sha224", per_database=True
+            ),
+        )
+        for key, what in (
+            ("create-queue", "createQueue"),
+            ("delete-queue", "deleteQueue"),
+            ("queue-stats", "queue statistics"),
+        )
+    ),
+    # pg_repack 1.4 (read in Debian 12's postgresql-15-repack 1.4.8, bin/pg_repack): while it
+    # repacks one table, its connection holds SELECT pg_try_advisory_lock($1, CAST(-2147483648
+    # + $2::bigint AS integer)) with REPACK_LOCK_PREFIX 16185446 and the table's oid, so that
+    # two runs never repack one table; released when the table is done.
+    CatalogEntry(
+        name="pg_repack",
+        library="pg_repack (one lock per table being repacked)",
+        versions="1.4",
+        key_text="(16185446, table oid - 2147483648)",
+        level="session (pg_try_advisory_lock)",
+        kind="maintenance",
+        lock_level="session",
+        form=KeyConfig.model_construct(name="_", namespace=16185446),
+    ),
+    # pg_partman 4.7 (read in Debian 12's postgresql-15-partman 4.7.2, pg_partman--4.7.2.sql):
+    # each function or procedure keys a try-lock with hashtext() of a fixed text, which the
+    # server computes. run_maintenance() takes it in its transaction, run_maintenance_proc()
+    # as a session lock; partition_data_proc and undo_partition_proc add the parent table's
+    # hashtext as the pair's second int.
+    CatalogEntry(
+        name="pg_partman_maintenance",
+        library="pg_partman (run_maintenance, run_maintenance_proc)",
+        versions="4.7",
+        key_text="hashtext('pg_partman run_maintenance')",
+        level="transaction (pg_try_advisory_xact_lock) in run_maintenance(); session "
+        "(pg_try_advisory_lock) in run_maintenance_proc()",
+        kind="maintenance",
+        lock_level=None,
+        form=_hashtext("pg_partman run_maintenance"),
+    ),
+    _partman("partition_data", "partition_data_proc", "transaction", per_table=True),
+    _partman("undo_partition", "undo_partition", "transaction", text="undo_partition_native"),
+    _partman("undo_partition_proc", "undo_partition_proc", "transaction", per_table=True),
+    _partman("drop_partition_id", "drop_partition_id", "transaction"),
+    _partman("drop_partition_time", "drop_partition_time", "transaction"),
+    _partman(
+        "reapply_constraints", "reapply_constraints_proc", "session", text="reapply_constraints"
+    ),
+    _partman("run_analyze", "run_analyze", "session"),
+    # PgQueuer 1.6 (read in the PyPI wheel of 1.6.0): adapters/persistence/schema_plan.py,
+    # advisory_key is zlib.crc32 of the queue table's qualified name ("pgqueuer" by default);
+    # queries.py, schema_lock holds SELECT pg_advisory_lock($1) with it while `pgq upgrade`
+    # applies the schema, then unlocks.
+    CatalogEntry(
+        name="pgqueuer_upgrade",
+        library="PgQueuer (pgq upgrade; queue table pgqueuer)",
+        versions="1.6",
+        key_text='crc32("pgqueuer") = 2389487409',
+        level="session (pg_advisory_lock)",
+        kind="migration",
+        lock_level="session",
+        form=KeyConfig.model_construct(name="_", text="pgqueuer", hash="crc32"),
+    ),
+    # PgQueuer 1.6: qb.py, build_aggregate_log_data_to_statistics_query gates the periodic
+    # fold of its log into statistics on pg_try_advisory_xact_lock(hashtext(
+    # 'pgqueuer_statistics')), the statistics table's qualified name.
+    CatalogEntry(
+        name="pgqueuer_statistics",
+        library="PgQueuer (statistics; table pgqueuer_statistics)",
+        versions="1.6",
+        key_text="hashtext('pgqueuer_statistics')",
+        level="transaction (pg_try_advisory_xact_lock)",
+        kind="queue",
+        lock_level="transaction",
+        form=_hashtext("pgqueuer_statistics"),
     ),
     # Opt-in: small keys that other software may well use for something else.
     # Apache Airflow 2.x and 3.x (read in several versions of apache/airflow's
@@ -284,6 +478,8 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions="2.x, 3.x",
         key_text="1",
         level="session (pg_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         key=1,
         default=False,
     ),
@@ -296,13 +492,17 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         versions="every version read",
         key_text="1000",
         level="session (pg_advisory_lock)",
+        kind="migration",
+        lock_level="session",
         key=1000,
         default=False,
     ),
 )
 
 BY_NAME = {entry.name: entry for entry in ENTRIES}
-MIGRATION_KEYS: tuple[str, ...] = tuple(entry.name for entry in ENTRIES)
+NAMES: tuple[str, ...] = tuple(entry.name for entry in ENTRIES)
+# The migration tools' keys: never a leak, and PgAdvisoryMigrationLockStuck's.
+MIGRATION_KEYS: tuple[str, ...] = tuple(entry.name for entry in ENTRIES if entry.migration)
 DEFAULTS: tuple[CatalogEntry, ...] = tuple(entry for entry in ENTRIES if entry.default)
 
 
@@ -315,9 +515,7 @@ def _choice(value: object) -> object:
     seen: set[str] = set()
     for name in value:
         if name not in BY_NAME:
-            raise ValueError(
-                f"unknown catalog entry {name!r}; the entries are {', '.join(MIGRATION_KEYS)}"
-            )
+            raise ValueError(f"unknown catalog entry {name!r}; the entries are {', '.join(NAMES)}")
         if name in seen:
             raise ValueError(f"catalog entry {name!r} is listed twice")
         seen.add(name)
@@ -339,26 +537,25 @@ def selected(choice: bool | tuple[str, ...] | None) -> tuple[CatalogEntry, ...]:
 
 def needs_databases(entries: Iterable[CatalogEntry]) -> bool:
     """Whether some entry's key depends on the database, so the server's list is needed."""
-    return any(entry.per_database is not None for entry in entries)
+    return any(entry.describe()["per_database"] == "yes" for entry in entries)
 
 
 def key_configs(entries: Sequence[CatalogEntry], databases: Iterable[str]) -> list[KeyConfig]:
     """Registry entries for these catalog entries on a server with these databases.
 
     A fixed key counts in every database; a computed one only in the database it was
-    computed for. Built without validation: every value is in range (the tests check that
+    computed for (a per-database form is written out for each database by the registry, as
+    the user's are). Built without validation: every value is in range (the tests check that
     each one validates), and a server may have thousands of databases.
     """
     names = sorted(set(databases))
     configs: list[KeyConfig] = []
     for entry in entries:
-        if entry.per_database is None:
-            configs.append(KeyConfig.model_construct(name=entry.name, key=entry.key))
-            continue
-        configs.extend(
-            KeyConfig.model_construct(
-                name=entry.name, key=entry.per_database(name), databases=(name,)
-            )
-            for name in names
-        )
+        if entry.per_database is not None:
+            compute = entry.per_database
+            configs.extend(entry.config(key=compute(name), databases=(name,)) for name in names)
+        elif entry.key is not None:
+            configs.append(entry.config(key=entry.key))
+        else:
+            configs.append(entry.config())
     return configs

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import functools
-import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
@@ -12,6 +11,18 @@ from pydantic import Field, model_validator
 
 from pg_advisory_exporter.schema import Duration, Strict
 
+from .derive import (
+    DIGESTS,
+    HASHES,
+    SERVER_HASHES,
+    ByteOrder,
+    Form,
+    Hash,
+    for_database,
+    forms_of,
+    local_parts,
+    template_error,
+)
 from .key import (
     BIGINT_KEY,
     INT32_MAX,
@@ -23,16 +34,18 @@ from .key import (
     oid,
     oids_of_bigint,
     oids_of_pair,
-    signed,
 )
 
 Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Level = Literal["session", "transaction"]
 
-# hashtextextended() is internal to PostgreSQL and has changed between major versions, so
-# the exporter asks the server for it (after every connect) rather than computing it.
+# hashtext() and hashtextextended() are internal to PostgreSQL (changed between major
+# versions before, and dependent on the server's byte order), so the exporter asks the server
+# for them, after every connect, in one statement: hashtext where no seed is given.
 HASH_TEXTS_SQL = """
-SELECT pg_catalog.hashtextextended(t.text, t.seed)
+SELECT CASE WHEN t.seed IS NULL THEN pg_catalog.hashtext(t.text)::bigint
+            ELSE pg_catalog.hashtextextended(t.text, t.seed) END
 FROM unnest(%(texts)s::text[], %(seeds)s::bigint[]) WITH ORDINALITY AS t(text, seed, n)
 ORDER BY t.n
 """
@@ -46,9 +59,13 @@ class KeyConfig(Strict):
     pair: tuple[Int32, Int32] | None = None
     namespace: Int32 | None = None
     text: str | None = None
-    hash: Literal["md5", "hashtextextended"] | None = None
+    hash: Hash | None = None
     seed: Int64 = 0
+    form: Form = "bigint"
+    byte_order: ByteOrder = "big"
+    per_database: bool = False
     databases: tuple[str, ...] = ()
+    level: Level | None = None
     long_lived: bool = False
     expect_held: bool = False
     max_hold: Duration | None = None
@@ -62,10 +79,34 @@ class KeyConfig(Strict):
                 + (f" (got {', '.join(forms)})" if forms else "")
             )
         if (self.text is None) != (self.hash is None):
-            raise ValueError("text and hash go together: hash is md5 or hashtextextended")
+            raise ValueError(f"text and hash go together: hash is one of {', '.join(HASHES)}")
         if self.seed and self.hash != "hashtextextended":
             raise ValueError("seed only applies to hash: hashtextextended")
+        if self.hash is None:
+            if self.form != "bigint" or self.byte_order != "big" or self.per_database:
+                raise ValueError("form, byte_order and per_database only apply to text")
+            return self
+        if self.form not in forms_of(self.hash):
+            raise ValueError(
+                f"form {self.form} does not fit hash {self.hash}: "
+                f"it can be {' or '.join(forms_of(self.hash))}"
+            )
+        if self.byte_order != "big" and self.hash not in DIGESTS:
+            raise ValueError(
+                f"byte_order only applies to a digest ({', '.join(sorted(DIGESTS))}), "
+                f"not to {self.hash}"
+            )
+        if self.per_database:
+            assert self.text is not None
+            problem = template_error(self.text)
+            if problem is not None:
+                raise ValueError(f"text {self.text!r} per database: {problem}")
         return self
+
+    @property
+    def server_side(self) -> bool:
+        """Whether only the server can compute it (hashtext, hashtextextended)."""
+        return self.hash in SERVER_HASHES
 
     def describe(self) -> str:
         """The key as its entry wrote it, for messages."""
@@ -75,14 +116,15 @@ class KeyConfig(Strict):
             return f"pair ({self.pair[0]}, {self.pair[1]})"
         if self.namespace is not None:
             return f"namespace {self.namespace}"
-        if self.hash == "md5":
-            return f"md5 of {self.text!r}"
-        return f"hashtextextended({self.text!r}, {self.seed})"
-
-
-def md5_key(text: str) -> int:
-    """`('x' || left(md5(text), 16))::bit(64)::bigint`: documented functions, stable."""
-    return signed(int(hashlib.md5(text.encode()).hexdigest()[:16], 16), 64)
+        seed = f", {self.seed}" if self.hash == "hashtextextended" else ""
+        how = [f"{self.hash}({self.text!r}{seed})"]
+        if self.form != "bigint":
+            how.append(f"as a {self.form}")
+        if self.byte_order != "big":
+            how.append(f"read {self.byte_order}-endian")
+        if self.per_database:
+            how.append("per database")
+        return " ".join(how)
 
 
 @dataclass(frozen=True)
@@ -106,59 +148,140 @@ class RegisteredKey:
         return self.objid is None or other.objid is None or self.objid == other.objid
 
 
-def _bigint(config: KeyConfig, value: int) -> RegisteredKey:
-    return RegisteredKey(config, BIGINT_KEY, *oids_of_bigint(value))
+def _key(config: KeyConfig, parts: Sequence[int]) -> RegisteredKey:
+    """The entry for the key these parts make in its form."""
+    if config.form == "pair" or config.pair is not None:
+        first, second = parts
+        return RegisteredKey(config, INT_PAIR_KEY, *oids_of_pair(first, second))
+    if config.form == "namespace" or config.namespace is not None:
+        return RegisteredKey(config, INT_PAIR_KEY, oid(parts[0]), None)
+    return RegisteredKey(config, BIGINT_KEY, *oids_of_bigint(parts[0]))
 
 
 def _locally_resolved(config: KeyConfig) -> RegisteredKey | None:
+    """The entry, unless only the server can compute its key, or its text is per database
+    (its keys are known once the server's databases are)."""
     if config.key is not None:
-        return _bigint(config, config.key)
+        return _key(config, (config.key,))
     if config.pair is not None:
-        first, second = config.pair
-        return RegisteredKey(config, INT_PAIR_KEY, *oids_of_pair(first, second))
+        return _key(config, config.pair)
     if config.namespace is not None:
-        return RegisteredKey(config, INT_PAIR_KEY, oid(config.namespace), None)
-    if config.hash == "md5":
-        assert config.text is not None
-        return _bigint(config, md5_key(config.text))
-    return None  # hashtextextended: only the server knows
+        return _key(config, (config.namespace,))
+    if config.server_side or config.per_database:
+        return None
+    assert config.hash is not None
+    assert config.text is not None
+    return _key(config, local_parts(config.hash, config.text, config.form, config.byte_order))
 
 
 def _clash(a: KeyConfig, b: KeyConfig) -> ValueError:
     return ValueError(
-        f"keys {a.name!r} ({a.describe()}) and {b.name!r} ({b.describe()}) name the same lock"
+        f"keys {a.name!r} ({a.describe()}){_where(a)} and {b.name!r} ({b.describe()})"
+        f"{_where(b)} name the same lock"
     )
 
 
-def _check_overlaps(keys: Sequence[RegisteredKey]) -> None:
-    for i, first in enumerate(keys):
-        for second in keys[i + 1 :]:
-            if first.overlaps(second):
-                raise _clash(first.config, second.config)
+_Columns = tuple[int, int, int | None]  # a lock's objsubid, classid and objid
+
+
+class _Claims:
+    """The locks that entries claim, found in constant time: by their exact columns, and
+    namespaces (and the pairs under them) by their first int, so that thousands of
+    per-database keys are checked as cheaply as a handful."""
+
+    def __init__(self) -> None:
+        self.exact: dict[_Columns, RegisteredKey] = {}
+        self._spaces: dict[int, RegisteredKey] = {}
+        self._pairs: dict[int, RegisteredKey] = {}  # the first exact pair of each first int
+
+    def owner(self, key: RegisteredKey) -> RegisteredKey | None:
+        """An entry that names some lock `key` names too."""
+        if key.objid is None:
+            return self._spaces.get(key.classid) or self._pairs.get(key.classid)
+        found = self.exact.get((key.objsubid, key.classid, key.objid))
+        if found is None and key.objsubid == INT_PAIR_KEY:
+            found = self._spaces.get(key.classid)
+        return found
+
+    def add(self, key: RegisteredKey) -> None:
+        if key.objid is None:
+            self._spaces[key.classid] = key
+            return
+        self.exact[key.objsubid, key.classid, key.objid] = key
+        if key.objsubid == INT_PAIR_KEY:
+            self._pairs.setdefault(key.classid, key)
+
+    def merge(self, first: RegisteredKey, key: RegisteredKey) -> RegisteredKey:
+        """One entry computed for two databases that gave the same key: one entry for both."""
+        databases = first.config.databases + key.config.databases
+        merged = replace(first, config=first.config.model_copy(update={"databases": databases}))
+        self.add(merged)
+        return merged
+
+
+def _columns(key: RegisteredKey) -> _Columns:
+    return key.objsubid, key.classid, key.objid
+
+
+def _same_entry(first: RegisteredKey, key: RegisteredKey) -> bool:
+    """Two keys of one entry computed for two databases (which merge), not two entries."""
+    return (
+        first.name == key.name
+        and _columns(first) == _columns(key)
+        and bool(first.config.databases)
+        and bool(key.config.databases)
+    )
+
+
+def _kept(
+    keys: Iterable[RegisteredKey], clash: Callable[[RegisteredKey, RegisteredKey], None]
+) -> list[RegisteredKey]:
+    """The keys in order, each lock named once: an entry's keys for two databases that
+    coincide become one key for both; a key that names a lock an earlier entry names is left
+    out, and `clash` hears of it (it may raise)."""
+    claims = _Claims()
+    found: list[RegisteredKey] = []
+    positions: dict[_Columns, int] = {}
+    for key in keys:
+        first = claims.owner(key)
+        if first is None:
+            claims.add(key)
+            positions[_columns(key)] = len(found)
+            found.append(key)
+        elif _same_entry(first, key):
+            found[positions[_columns(first)]] = claims.merge(first, key)
+        else:
+            clash(first, key)
+    return found
+
+
+def _refuse(first: RegisteredKey, key: RegisteredKey) -> None:
+    raise _clash(first.config, key.config)
 
 
 def check_configs(configs: Sequence[KeyConfig]) -> None:
     """Reject a name used twice, or two entries that would match the same lock.
 
-    hashtextextended keys are only known once a server is asked: two with the same text
-    and seed are caught here, a clash with an entry of another form when the target
-    connects (the collection then fails with the same message).
+    Keys computed by the server, or per database, are only known once a server is asked:
+    two with the same text are caught here, a clash with an entry of another form when the
+    target connects (the collection then fails with the same message).
     """
     names: dict[str, KeyConfig] = {}
-    texts: dict[tuple[str | None, int], KeyConfig] = {}
+    texts: dict[tuple[object, ...], KeyConfig] = {}
     for config in configs:
         if names.setdefault(config.name, config) is not config:
             raise ValueError(f"key name {config.name!r} is used twice")
-        if config.hash == "hashtextextended":
-            first = texts.setdefault((config.text, config.seed), config)
-            if first is not config:
+        if config.text is not None:
+            same = (config.text, config.hash, config.seed, config.form, config.byte_order)
+            first = texts.setdefault(same, config)
+            if first is not config and not (set(first.databases) ^ set(config.databases)):
                 raise _clash(first, config)
-    _check_overlaps([key for key in map(_locally_resolved, configs) if key is not None])
+    _kept([key for key in map(_locally_resolved, configs) if key is not None], _refuse)
 
 
-HashTexts = Callable[[Sequence[str], Sequence[int]], Sequence[int]]
+# Asks the server for hashtext (a None seed) or hashtextextended values of these texts.
+HashTexts = Callable[[Sequence[str], Sequence[int | None]], Sequence[int]]
 Note = Callable[[str], None]
-_Columns = tuple[int, int, int | None]  # a lock's objsubid, classid and objid
 
 
 def _ignore(_message: str) -> None:
@@ -166,49 +289,88 @@ def _ignore(_message: str) -> None:
 
 
 def _where(config: KeyConfig) -> str:
-    return f" in database {config.databases[0]!r}" if config.databases else ""
+    if not config.databases:
+        return ""
+    if len(config.databases) == 1:
+        return f" in database {config.databases[0]!r}"
+    return f" in databases {', '.join(map(repr, config.databases))}"
+
+
+def expand(configs: Sequence[KeyConfig], databases: Iterable[str]) -> list[KeyConfig]:
+    """The entries with each per-database text written out for every database it counts in:
+    those it lists, else every one of the server's `databases`. Built without validation:
+    the entry was validated, and a server may have thousands of databases."""
+    names = sorted(set(databases))
+    found: list[KeyConfig] = []
+    for config in configs:
+        if not config.per_database:
+            found.append(config)
+            continue
+        assert config.text is not None
+        for database in config.databases or names:
+            text = for_database(config.text, database)
+            found.append(
+                config.model_copy(
+                    update={"text": text, "per_database": False, "databases": (database,)}
+                )
+            )
+    return found
+
+
+def resolved(
+    configs: Sequence[KeyConfig], hash_texts: HashTexts | None
+) -> list[RegisteredKey | None]:
+    """Each entry's key (per-database texts written out already), in order: the server is
+    asked once for every key only it can compute; without `hash_texts` those are None."""
+    server_side = [c for c in configs if c.server_side]
+    values: Sequence[int] = ()
+    if server_side and hash_texts is not None:
+        values = hash_texts(
+            [c.text or "" for c in server_side],
+            [c.seed if c.hash == "hashtextextended" else None for c in server_side],
+        )
+    computed = iter(values)
+    found: list[RegisteredKey | None] = []
+    for config in configs:
+        if not config.server_side:
+            found.append(_locally_resolved(config))
+        else:
+            found.append(None if hash_texts is None else _key(config, (next(computed),)))
+    return found
 
 
 def with_catalog(
-    keys: tuple[RegisteredKey, ...], catalog: Sequence[KeyConfig], note: Note = _ignore
+    keys: Sequence[RegisteredKey], catalog: Sequence[RegisteredKey], note: Note = _ignore
 ) -> tuple[RegisteredKey, ...]:
     """The user's keys, then the catalog's entries for locks that none of them names.
 
     The collection matches a lock to one entry whatever its database, so no two entries
     may name the same lock: the user's entry wins over the catalog's, and of two catalog
     entries the first is kept (the same entry computed for two databases becomes one
-    entry for both). `note` hears of each entry left out. Catalog keys are all bigint keys
-    known here, so a lookup by pg_locks' columns finds every clash, for thousands of
-    databases as cheaply as for one.
+    entry for both). `note` hears of each entry left out.
     """
-    mine: dict[_Columns, RegisteredKey] = {
-        (k.objsubid, k.classid, k.objid): k for k in keys if k.objid is not None
-    }
-    kept: dict[_Columns, RegisteredKey] = {}
-    for config in catalog:
-        assert config.key is not None, "catalog entries have bigint keys"
-        key = replace(_bigint(config, config.key), catalog=True)
-        column_values = (key.objsubid, key.classid, key.objid)
-        owner = mine.get(column_values)
-        first = kept.get(column_values)
-        if owner is not None:
-            note(
-                f"key {owner.name!r} ({owner.config.describe()}) of the registry names the "
-                f"lock of the catalog's {config.name!r}{_where(config)}: it keeps its name"
-            )
-        elif first is None:
-            kept[column_values] = key
-        elif first.name == config.name:
-            databases = first.config.databases + config.databases
-            merged = first.config.model_copy(update={"databases": databases})
-            kept[column_values] = replace(first, config=merged)
+    mine = _Claims()
+    for key in keys:
+        mine.add(key)
+    free = []
+    for key in catalog:
+        owner = mine.owner(key)
+        if owner is None:
+            free.append(key)
         else:
             note(
-                f"the catalog's {first.name!r}{_where(first.config)} and {config.name!r}"
-                f"{_where(config)} name the same lock ({config.describe()}): "
-                f"it is named {first.name!r}"
+                f"key {owner.name!r} ({owner.config.describe()}) of the registry names the "
+                f"lock of the catalog's {key.name!r}{_where(key.config)}: it keeps its name"
             )
-    return keys + tuple(kept.values())
+
+    def same_lock(first: RegisteredKey, key: RegisteredKey) -> None:
+        note(
+            f"the catalog's {first.name!r}{_where(first.config)} and {key.name!r}"
+            f"{_where(key.config)} name the same lock ({key.config.describe()}): "
+            f"it is named {first.name!r}"
+        )
+
+    return (*keys, *_kept(free, same_lock))
 
 
 @dataclass(frozen=True)
@@ -221,22 +383,31 @@ class Registry:
     def resolve(
         cls,
         configs: Sequence[KeyConfig],
-        hash_texts: HashTexts,
+        hash_texts: HashTexts | None,
         catalog: Sequence[KeyConfig] = (),
         note: Note = _ignore,
+        databases: Iterable[str] = (),
     ) -> Registry:
-        """Resolve every entry; `hash_texts` asks the server for hashtextextended values.
+        """Resolve every entry: per-database texts for each of the server's `databases`, the
+        keys only the server computes asked of it through `hash_texts` (once for all; left
+        out where it is None). A clash between the user's entries raises ValueError.
 
         `catalog` (from catalog.key_configs) follows the user's entries: see with_catalog.
         """
-        server_side = [c for c in configs if c.hash == "hashtextextended"]
-        hashed: Mapping[str, int] = {}
-        if server_side:
-            values = hash_texts([c.text or "" for c in server_side], [c.seed for c in server_side])
-            hashed = {c.name: value for c, value in zip(server_side, values, strict=True)}
-        keys = tuple(_locally_resolved(c) or _bigint(c, hashed[c.name]) for c in configs)
-        _check_overlaps(keys)
-        return cls(with_catalog(keys, catalog, note) if catalog else keys)
+        databases = tuple(databases)
+        mine, theirs = expand(configs, databases), expand(catalog, databases)
+        keys = resolved([*mine, *theirs], hash_texts)
+        own = _kept([k for k in keys[: len(mine)] if k is not None], _refuse)
+        catalog_keys = [replace(k, catalog=True) for k in keys[len(mine) :] if k is not None]
+        return cls(with_catalog(own, catalog_keys, note))
+
+    @property
+    def names(self) -> tuple[RegisteredKey, ...]:
+        """One key per name (an entry computed per database has several), in order."""
+        seen: dict[str, RegisteredKey] = {}
+        for key in self.keys:
+            seen.setdefault(key.name, key)
+        return tuple(seen.values())
 
     @functools.cached_property
     def _by_columns(self) -> dict[_Columns, RegisteredKey]:
