@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,9 +46,12 @@ from psycopg.rows import TupleRow
 from benchmarks import positive
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
 from pg_advisory_exporter.collect.capacity import lock_table_capacity
+from pg_advisory_exporter.collect.connection import resolve_registry
+from pg_advisory_exporter.collect.holds import HoldTracker
 from pg_advisory_exporter.collect.snapshot import collect_sql, read_snapshot
 from pg_advisory_exporter.forensics.read import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
-from pg_advisory_exporter.keys.derive import local_parts
+from pg_advisory_exporter.keys import catalog
+from pg_advisory_exporter.keys.catalog import CatalogEntry
 from pg_advisory_exporter.keys.registry import KeyConfig, Registry
 
 Connection = psycopg.Connection[TupleRow]
@@ -76,34 +78,12 @@ FIRST_KEY = 1
 BENCH_REGISTRY = [KeyConfig(name=f"job_{i}", key=FIRST_KEY + 997 * i) for i in range(10)] + [
     KeyConfig(name="accounts", namespace=2001)
 ]
-# The built-in catalog as every target gets it by default, modelled here rather than
-# imported from exporter/catalog.py (whose entries change as libraries are added): 16
-# fixed bigint keys and 5 bigint keys per database, for a server of 3 databases. Half look
-# like 32-bit checksums (a crc32, as golang-migrate's and Flyway's keys are), half like
-# 64-bit hashes (Rails multiplies a crc32 by a constant). None of them is held here: the
-# cost of matching is in the 100,000 rows it turns away.
-CATALOG_FIXED_KEYS = 16
-CATALOG_KEYS_PER_DATABASE = 5
+# The databases of the server, for which the catalog's per-database keys are made: the
+# built-in catalog as a target of a server of three databases gets it by default, resolved on
+# the server as the exporter resolves it (its hashtext() keys computed there). None of its
+# keys is held here: the cost of matching is in the 100,000 rows it turns away.
 CATALOG_DATABASES = ("postgres", "orders", "billing")
 CREATE_DATABASE_SQL = "CREATE DATABASE {}"
-
-
-def _catalog_key(text: str, wide: bool) -> int:
-    return local_parts("md5", text, "bigint", "big")[0] if wide else zlib.crc32(text.encode())
-
-
-CATALOG_MODEL = [
-    KeyConfig(name=f"catalog_{i}", key=_catalog_key(f"fixed {i}", wide=i % 2 == 1))
-    for i in range(CATALOG_FIXED_KEYS)
-] + [
-    KeyConfig(
-        name=f"catalog_db_{i}_{datname}",
-        key=_catalog_key(f"{datname} {i}", wide=i % 2 == 1),
-        databases=(datname,),
-    )
-    for datname in CATALOG_DATABASES
-    for i in range(CATALOG_KEYS_PER_DATABASE)
-]
 # A user's registry next to the catalog: exact bigint keys (held), int pairs and
 # namespaces of pairs, the forms the statement matches in different ways.
 USER_REGISTRY = [KeyConfig(name=f"job_{i}", key=FIRST_KEY + 997 * i) for i in range(6)] + [
@@ -217,11 +197,12 @@ class Configuration:
     parameters: dict[str, Any] | None = None
 
 
-def configurations() -> list[Configuration]:
-    def resolve(configs: list[KeyConfig]) -> Registry:
-        return Registry.resolve(configs, lambda texts, seeds: [])
+def configurations(conn: Connection) -> list[Configuration]:
+    def resolve(configs: list[KeyConfig], entries: Sequence[CatalogEntry] = ()) -> Registry:
+        return resolve_registry(conn, configs, entries, progress)[0]
 
-    with_catalog = USER_REGISTRY + CATALOG_MODEL
+    default = resolve([], catalog.DEFAULTS)
+    with_registry = resolve(USER_REGISTRY, catalog.DEFAULTS)
     return [
         Configuration(COLLECTION_LABEL, 0, collect_sql()),
         Configuration(
@@ -240,14 +221,14 @@ def configurations() -> list[Configuration]:
             },
         ),
         Configuration(
-            f"default catalog ({len(CATALOG_MODEL)})",
-            len(CATALOG_MODEL),
-            collect_sql(resolve(CATALOG_MODEL)),
+            f"default catalog ({len(default.keys)})",
+            len(default.keys),
+            collect_sql(default),
         ),
         Configuration(
-            f"default catalog ({len(CATALOG_MODEL)}) + {len(USER_REGISTRY)}-key registry",
-            len(with_catalog),
-            collect_sql(resolve(with_catalog)),
+            f"default catalog ({len(default.keys)}) + {len(USER_REGISTRY)}-key registry",
+            len(with_registry.keys),
+            collect_sql(with_registry),
         ),
     ]
 
@@ -293,6 +274,23 @@ class Timings:
         return self.series[-1]
 
 
+def time_hold_tracking(conn: Connection, repeat: int) -> list[float]:
+    """How long the exporter takes to track the holds of one collection (collect/holds.py),
+    with the default catalog and the 10-key registry, `repeat` times on one snapshot: every
+    hold known from the second on, as between the collections of a steady server."""
+    registry = resolve_registry(conn, USER_REGISTRY, catalog.DEFAULTS, progress)[0]
+    snapshot = read_snapshot(conn, registry)
+    tracker = HoldTracker()
+    found: list[float] = []
+    for _ in range(WARMUP_ROUNDS + repeat):
+        started = time.perf_counter()
+        holds = tracker.update(snapshot, registry)
+        found.append((time.perf_counter() - started) * 1000.0)
+    if not holds.by_key:
+        raise RuntimeError("no hold was tracked: the benchmark's backends hold no lock")
+    return found[WARMUP_ROUNDS:]
+
+
 def _timed(run: Callable[[], int]) -> tuple[float, int]:
     started = time.perf_counter()
     rows = run()
@@ -307,7 +305,7 @@ def time_statements(conn: Connection, repeat: int) -> Timings:
         return lambda: len(cur.execute(sql, parameters).fetchall())
 
     baseline = runner(BASELINE_SQL)
-    configs = configurations()
+    configs = configurations(conn)
     runs = [runner(config.sql, config.parameters) for config in configs]
 
     # Interleaved, not one series after the other: this machine has 2 cores shared with
@@ -552,6 +550,9 @@ class Result:
     lock_table_capacity: int | None
     timings: Timings
     exporters: tuple[ExporterRun, ...]  # one per EXPORTER_SETUPS, the default first
+    # The exporter's own hold tracking (collect/holds.py) of one collection, in ms, with the
+    # default catalog and the 10-key registry (whose keys are held): what it adds to each.
+    hold_tracking_ms: list[float]
 
     @property
     def exporter(self) -> ExporterRun:
@@ -609,6 +610,8 @@ class Result:
             "end_to_end_ratio_aim_met": self.end_to_end_met,
             "memory_aim_mb": MEMORY_AIM_MB,
             "memory_aim_met": self.memory_met,
+            "hold_tracking_median_ms": statistics.median(self.hold_tracking_ms),
+            "hold_tracking_ms": self.hold_tracking_ms,
         }
 
 
@@ -645,6 +648,11 @@ def format_report(result: Result) -> str:
             f"{t.ratio(series):.2f}, median of paired ratios "
             f"{t.paired_ratio_median(series):.2f} ({series.rows} rows{aim})"
         )
+    tracking = statistics.median(result.hold_tracking_ms)
+    lines.append(
+        f"{'hold tracking (the exporter, per collection)':<{width}} median {tracking:5.2f} ms, "
+        f"ratio {tracking / t.baseline_median_ms:.4f} ({len(result.hold_tracking_ms)} runs)"
+    )
     peaks = ", ".join(f"{run.peak_rss_mb:.1f}" for run in result.exporters)
     lines.append(
         f"{'exporter peak memory (VmHWM)':<{width}} {peaks} MB "
@@ -718,6 +726,7 @@ def run(locks: int, backends: int, repeat: int, pg_version: int) -> Result:
 
             progress(f"timing, interleaved: {WARMUP_ROUNDS} warm-up + {repeat} rounds")
             timings = time_statements(timing_conn, repeat)
+            tracking = time_hold_tracking(timing_conn, repeat)
             progress("starting the exporters")
             exporters = run_end_to_end(
                 pg.dsn(), repeat, lambda: _timed(lambda: scalar(timing_conn, BASELINE_SQL))[0]
@@ -732,6 +741,7 @@ def run(locks: int, backends: int, repeat: int, pg_version: int) -> Result:
             lock_table_capacity=capacity,
             timings=timings,
             exporters=exporters,
+            hold_tracking_ms=tracking,
         )
     finally:
         pg.cleanup()

@@ -179,7 +179,7 @@ def _contended(forensics: Forensics, out: TextIO) -> None:
 def _registered_keys(checked: Checked, out: TextIO) -> None:
     snapshot, registry = checked.snapshot, checked.registry
     assert snapshot is not None
-    own = [key for key in registry.names if not key.catalog]
+    own = [key for key in registry.entries if not key.catalog]
     if not own:
         return
     groups = key_groups(snapshot, registry, checked.holds)

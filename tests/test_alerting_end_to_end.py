@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -27,6 +28,15 @@ from support import (
     StartService,
     start_prometheus,
     wait_until,
+)
+from test_catalog_clients import (
+    RAILS_MIGRATE,
+    RAILS_MIGRATION,
+    _client_environment,
+    _fresh_database,
+    _installed,
+    _row_locked,
+    node_pg_migrate,  # noqa: F401  (a fixture)
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
@@ -308,3 +318,122 @@ def test_a_misplaced_unlock_and_a_full_lock_table_page_from_the_servers_log(
         ("PgAdvisoryUnlockNotHeld", "nightly-job"),
         ("PgLockTableOutOfSharedMemory", None),
     }
+
+
+def _alerts_in_prometheus(prometheus: int, alertname: str) -> list[dict[str, Any]]:
+    """The alert's series in Prometheus (pending or firing), whatever Alertmanager was sent."""
+    query = urllib.parse.urlencode({"query": f'ALERTS{{alertname="{alertname}"}}'})
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{prometheus}/api/v1/query?{query}", timeout=10
+    ) as response:
+        return [found["metric"] for found in json.load(response)["data"]["result"]]
+
+
+def _migration_rules(cli: Cli, tmp_path: Path, held_after: str) -> Path:
+    """The shipped rules, their migration and leak thresholds lowered to seconds."""
+    rules = tmp_path / "rules.yml"
+    rules.write_text(
+        cli("rules", "--set", "exporter_job=pg-advisory",
+            "--set", f"migration_lock_held_after={held_after}", "--set", "migration_lock_for=1s",
+            "--set", "leaked_lock_after=2s", "--set", "leaked_lock_for=1s", check=True).stdout
+    )  # fmt: skip
+    return rules
+
+
+@pytest.mark.slow
+def test_a_long_rails_migration_pages_as_stuck_and_never_as_a_leak(
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    pg: EmbeddedPostgres,
+    webhook: Webhook,
+    start_service: StartService,
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    """ActiveRecord 6.1 takes its migration lock on a connection of its own, which sits idle
+    while the migration runs on another: past the leak threshold, only the stuck alert may
+    page, once, on how long the lock has been held."""
+    exporter = start_exporter(config=one_target(monitor_dsn, name="orders"))
+    rules = _migration_rules(cli, tmp_path, "4s")
+    prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
+    database = _fresh_database(pg, "inventory")
+    app = tmp_path / "app"
+    (app / "db" / "migrate").mkdir(parents=True)
+    (app / "db" / "migrate" / "20240101000000_touch_blocker.rb").write_text(RAILS_MIGRATION)
+    (app / "migrate.rb").write_text(RAILS_MIGRATE)
+    with _row_locked(pg, database):
+        rails = subprocess.Popen(
+            [_installed("ruby"), "migrate.rb", database],
+            cwd=app,
+            env=_client_environment(pg),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            stuck = webhook.wait_for("PgAdvisoryMigrationLockStuck", "firing")
+            # The leak's threshold and `for` passed long ago; a few evaluations more.
+            time.sleep(3)
+            assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []
+        finally:
+            rails.kill()
+            rails.wait()
+    labels = stuck["labels"]
+    assert (labels["key"], labels["datname"], labels["target"]) == (
+        "rails_migration",
+        "inventory",
+        "orders",
+    )
+    assert "has been held for" in stuck["annotations"]["description"]
+    assert {a["labels"]["alertname"] for a in webhook.alerts} == {"PgAdvisoryMigrationLockStuck"}
+
+
+NODE_MIGRATION_OF_SHORT_STATEMENTS = """
+exports.up = (pgm) => {
+  for (let i = 0; i < 150; i++) pgm.sql("SELECT pg_sleep(0.1)");
+};
+"""
+
+
+@pytest.mark.slow
+def test_a_migration_of_short_statements_held_past_the_threshold_pages(
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    pg: EmbeddedPostgres,
+    webhook: Webhook,
+    start_service: StartService,
+    node_pg_migrate: Path,  # noqa: F811  (the fixture, imported above)
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    """node-pg-migrate holds its lock on the migrating connection through 150 statements of
+    0.1s: its time in any state never reaches a second, its hold time passes 3s."""
+    exporter = start_exporter(config=one_target(monitor_dsn, name="orders"))
+    rules = _migration_rules(cli, tmp_path, "3s")
+    prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
+    database = _fresh_database(pg, "shipping")
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "1700000000000_many-statements.js").write_text(
+        NODE_MIGRATION_OF_SHORT_STATEMENTS
+    )
+    env = {
+        **_client_environment(pg),
+        "DATABASE_URL": f"postgres://postgres:{pg.password}@127.0.0.1:{pg.port}/{database}",
+    }
+    migrate = subprocess.Popen(
+        [str(node_pg_migrate), "up", "-m", "migrations"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        stuck = webhook.wait_for("PgAdvisoryMigrationLockStuck", "firing")
+        assert migrate.poll() is None, "it paged only once the migration had ended"
+    finally:
+        migrate.wait(timeout=60)
+    assert migrate.returncode == 0
+    assert (stuck["labels"]["key"], stuck["labels"]["datname"]) == ("node_pg_migrate", database)
+    assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []
+    webhook.wait_for("PgAdvisoryMigrationLockStuck", "resolved")

@@ -48,6 +48,9 @@ def test_the_collection_cost_benchmark_runs_and_reports_every_figure(tmp_path: P
         assert 0 < run["peak_rss_mb"] < 200
     assert report["end_to_end_paired_ratio_median"] > 0
     assert "end to end, default (built-in catalog)" in printed
+    assert len(report["hold_tracking_ms"]) == 3
+    assert all(ms > 0 for ms in report["hold_tracking_ms"])
+    assert "hold tracking (the exporter, per collection)" in printed
 
 
 @pytest.mark.pg  # starts its own server

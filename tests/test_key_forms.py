@@ -112,7 +112,7 @@ def test_keys_of_one_entry_that_coincide_merge_and_names_are_listed_once() -> No
         ("mig", ("buckeroo", "plumless")),
         ("mig", ("shop",)),
     ]
-    assert [k.name for k in registry.names] == ["mig"]
+    assert [k.name for k in registry.entries] == ["mig"]
 
 
 def test_server_hashes_are_asked_once_and_left_out_without_the_server() -> None:

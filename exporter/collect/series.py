@@ -160,7 +160,7 @@ def _key_samples(
             samples.append(Sample("pg_advisory_key_hold_seconds", labels, group.hold_max))
     samples += [
         Sample("pg_advisory_key_max_hold_seconds", (target, key.name), key.config.max_hold)
-        for key in registry.names
+        for key in registry.entries
         if key.config.max_hold is not None
     ]
     return samples

@@ -190,7 +190,7 @@ class _Claims:
     per-database keys are checked as cheaply as a handful."""
 
     def __init__(self) -> None:
-        self.exact: dict[_Columns, RegisteredKey] = {}
+        self._exact: dict[_Columns, RegisteredKey] = {}
         self._spaces: dict[int, RegisteredKey] = {}
         self._pairs: dict[int, RegisteredKey] = {}  # the first exact pair of each first int
 
@@ -198,7 +198,7 @@ class _Claims:
         """An entry that names some lock `key` names too."""
         if key.objid is None:
             return self._spaces.get(key.classid) or self._pairs.get(key.classid)
-        found = self.exact.get((key.objsubid, key.classid, key.objid))
+        found = self._exact.get((key.objsubid, key.classid, key.objid))
         if found is None and key.objsubid == INT_PAIR_KEY:
             found = self._spaces.get(key.classid)
         return found
@@ -207,7 +207,7 @@ class _Claims:
         if key.objid is None:
             self._spaces[key.classid] = key
             return
-        self.exact[key.objsubid, key.classid, key.objid] = key
+        self._exact[key.objsubid, key.classid, key.objid] = key
         if key.objsubid == INT_PAIR_KEY:
             self._pairs.setdefault(key.classid, key)
 
@@ -402,8 +402,9 @@ class Registry:
         return cls(with_catalog(own, catalog_keys, note))
 
     @property
-    def names(self) -> tuple[RegisteredKey, ...]:
-        """One key per name (an entry computed per database has several), in order."""
+    def entries(self) -> tuple[RegisteredKey, ...]:
+        """One key of each entry (one computed per database has a key per database), in
+        order: what is said of an entry, its max_hold, is said once."""
         seen: dict[str, RegisteredKey] = {}
         for key in self.keys:
             seen.setdefault(key.name, key)
