@@ -27,9 +27,10 @@ from .collect.statements import StatementsRead, read_once
 from .collect.vocabulary import format_age, format_held
 from .config.settings import Config, TargetSettings
 from .forensics.page import forensics_json, statements_json
-from .forensics.read import Backend, Forensics, answer
+from .forensics.read import LEAK_AFTER, Backend, Forensics, answer
 from .hygiene.statements import SAFE_FORM, WHAT
 from .keys import catalog
+from .keys.appnames import RewriteRule, rewrite
 from .keys.registry import NO_KEYS, Registry
 from .schema import format_duration
 
@@ -69,6 +70,14 @@ def _keys(backend: Backend) -> tuple[str, str]:
     return str(held[0].key) + (f" (+{more} more)" if more > 0 else ""), held[0].key_name or "-"
 
 
+def _application(backend: Backend) -> str:
+    """Its name as the series give it, and as the client set it where a rewrite changed it."""
+    name = repr(backend.series_name)
+    if backend.series_name != backend.application_name:
+        name += f" (set as {backend.application_name!r})"
+    return name
+
+
 def _pids(pids: Sequence[int]) -> str:
     return ",".join(map(str, pids)) or "-"
 
@@ -105,7 +114,7 @@ def _waiters(forensics: Forensics, out: TextIO) -> None:
                 (
                     str(w.backend.pid),
                     w.backend.datname,
-                    repr(w.backend.application_name),
+                    _application(w.backend),
                     format_age(w.lock.wait_seconds),
                     str(w.lock.key),
                     w.lock.key_name or "-",
@@ -126,7 +135,8 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
     holders = forensics.holders
     out.write(
         f"\n  Holders ({len(holders)}): those of awaited keys first, then the longest in "
-        "their state; held for at least as long as the exporter has seen them hold\n"
+        "their state; LEAKED?: idle over the leak alert's "
+        f"{format_age(LEAK_AFTER)}\n"
     )
     if holders:
         _table(
@@ -135,8 +145,8 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
                 (
                     str(b.pid),
                     b.datname,
-                    repr(b.application_name),
-                    b.state_word,
+                    _application(b),
+                    b.state_word + (" LEAKED?" if b.leak_suspect else ""),
                     format_age(b.state_seconds),
                     format_held(b.held_seconds, b.held_at_least),
                     *_keys(b),
@@ -229,10 +239,12 @@ def _well_known_keys(checked: Checked, out: TextIO) -> None:
         )
 
 
-def _top_applications(snapshot: ServerSnapshot, out: TextIO) -> None:
+def _top_applications(checked: Checked, out: TextIO) -> None:
+    snapshot = checked.snapshot
+    assert snapshot is not None
     apps: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for b in snapshot.backends:
-        totals = apps[b.datname, b.application_name]
+        totals = apps[b.datname, rewrite(b.application_name, checked.rules)]
         totals[0] += b.held
         totals[1] += b.held > 0
         totals[2] += b.waiting
@@ -399,7 +411,7 @@ def print_report(checked: Checked, out: TextIO) -> None:
     _contended(checked.forensics, out)
     _registered_keys(checked, out)
     _well_known_keys(checked, out)
-    _top_applications(checked.snapshot, out)
+    _top_applications(checked, out)
     if checked.hygiene is not None:
         print_hygiene(checked.snapshot, checked.hygiene, out)
     out.write("\n")
@@ -438,6 +450,7 @@ class Checked:
     hygiene: Hygiene | None = None
     error: str | None = None
     holds: Holds = NO_HOLDS
+    rules: tuple[RewriteRule, ...] = ()  # the target's application_name rewrites
 
 
 def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
@@ -470,6 +483,7 @@ def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
         forensics,
         hygiene,
         holds=holds[0],
+        rules=tuple(rule.rule() for rule in target.collection.application_name_rewrites),
     )
 
 

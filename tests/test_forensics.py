@@ -258,7 +258,7 @@ def test_the_page_says_states_and_ages_as_check_and_the_metrics_do() -> None:
     assert state.format("idle_in_transaction") + '<span class="note">for</span> 1h2m5s' in text
     assert state.format("idle") + '<span class="note">for</span> unknown' in text
     assert "<td>1m15s</td>" in text  # the wait
-    assert "(2s200ms ago)" in text
+    assert "(2.2s ago)" in text
     page = page_json(found, 2.25)
     assert [h["state"] for h in page["holders"]] == ["idle_in_transaction", "idle"]
     assert page["holders"][0]["state_seconds"] == 3725.4  # numbers stay numbers
@@ -357,7 +357,7 @@ def test_an_answer_is_rendered_once_per_format_for_every_request() -> None:
     assert (first[0] is second[0], first[-1] is second[-1]) == (True, True)
     assert json.loads(b"".join(second))["age_seconds"] == 3.5
     text = b"".join(page(False).body(3.5)).decode()
-    assert "(3s500ms ago)" in text
+    assert "(3.5s ago)" in text
     assert "\0" not in text
 
 
@@ -433,3 +433,38 @@ def test_a_chain_deeper_than_the_page_nests_goes_on_at_a_root_of_its_own() -> No
     assert sorted(pid for root in roots for pid in full(root)) == list(range(100))
     assert len(page_json(found, 0.0)["blocking_chains"]) == len(roots)
     assert "(its waiters: below, from here on)" in page_html(found, 0.0)
+
+
+def test_names_as_the_series_give_them_leaks_marked_and_ending_offered_to_holders() -> None:
+    leaked = forensic_backend(
+        1, _lock(1), state_seconds=16 * 60.0, rewritten_name="billing-worker-*",
+        application_name="billing-worker-7d9f",
+    )  # fmt: skip
+    fresh = forensic_backend(2, _lock(2), state_seconds=60.0)
+    migration = replace(_lock(3), key_name="rails_migration", long_lived=True)
+    migrating = forensic_backend(3, migration, state_seconds=16 * 60.0)
+    busy = forensic_backend(4, _lock(4), state="active", state_seconds=16 * 60.0)
+    waiter = forensic_backend(5, _lock(1, waiting_since=10.0), state="active")
+    found = _read(leaked, fresh, migrating, busy, waiter)
+    page = page_json(found, 1.0)
+    holders = {h["pid"]: h for h in page["holders"]}
+    assert (holders[1]["application_name"], holders[1]["application_name_raw"]) == (
+        "billing-worker-*",
+        "billing-worker-7d9f",
+    )
+    assert holders[2]["application_name"] == holders[2]["application_name_raw"]
+    # Idle past the leak alert's default threshold, with a lock no long-lived key names.
+    assert {pid: h["leak_suspect"] for pid, h in holders.items()} == {
+        1: True, 2: False, 3: False, 4: False,
+    }  # fmt: skip
+    [waiting] = page["waiters"]
+    assert waiting["terminate"] is None  # ending it would release nothing
+    assert holders[1]["terminate"] == "SELECT pg_terminate_backend(1)"
+    html = page_html(found, 1.0)
+    assert html.count("likely leaked: idle over 15m") == 1
+    assert '<span class="note">as set</span> billing-worker-7d9f' in html
+    waiters_table = html.split("<h2>Waiters", 1)[1].split("<h2>", 1)[0]
+    assert "pg_terminate_backend" not in waiters_table
+    assert "To end it" not in waiters_table
+    holders_table = html.split("<h2>Holders", 1)[1].split("<h2>", 1)[0]
+    assert holders_table.count("pg_terminate_backend") == 4

@@ -155,3 +155,16 @@ def test_check_as_text_and_json(
     assert result.returncode == 1
     assert json.loads(result.stdout)[0]["target"] == "gone"
     assert "error" in json.loads(result.stdout)[0]
+
+
+def test_names_as_the_series_give_them_and_likely_leaks() -> None:
+    leaked = forensic_backend(
+        7, *_held(AdvisoryKey(BIGINT_KEY, (1,))), state_seconds=3600.0,
+        application_name="billing-worker-7d9f", rewritten_name="billing-worker-*",
+    )  # fmt: skip
+    fresh = forensic_backend(8, *_held(AdvisoryKey(BIGINT_KEY, (2,))), state_seconds=5.0)
+    text = _report(leaked, fresh)
+    assert "'billing-worker-*' (set as 'billing-worker-7d9f')  idle LEAKED?  1h" in _line(text, 7)
+    assert "LEAKED?" not in _line(text, 8)
+    assert "(set as" not in _line(text, 8)
+    assert "LEAKED?: idle over the leak alert's 15m" in text

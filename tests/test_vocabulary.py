@@ -40,8 +40,8 @@ STATES = {
 
 
 def test_ages_are_rounded_for_people_and_unknown_where_hidden() -> None:
-    assert [format_age(s) for s in (None, 0.04, 4.26, 59.99, 3725.4, 90000.0)] == [
-        "unknown", "0s", "4s300ms", "1m", "1h2m5s", "1d1h",
+    assert [format_age(s) for s in (None, 0.04, 0.3, 4.26, 12.0, 59.99, 3725.4, 90000.0)] == [
+        "unknown", "0s", "0.3s", "4.3s", "12s", "1m", "1h2m5s", "1d1h",
     ]  # fmt: skip
 
 

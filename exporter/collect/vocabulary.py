@@ -62,12 +62,16 @@ def stranded(held: int, session_level: bool, shared: bool) -> bool:
 
 
 def format_age(seconds: float | None) -> str:
-    """How long something has lasted, measured on a server, for people: to a tenth of a
-    second under a minute and to the second from there ("4s200ms", "1h2m5s"); "unknown"
-    where privileges hide it."""
+    """How long something has lasted, measured on a server, for people, in one format
+    wherever it is shown (`check`, /locks, the demo): to a tenth of a second under a minute
+    ("4.2s", "0.3s"), to the second from there as Prometheus writes a duration ("1m30s",
+    "1h2m5s"); "unknown" where privileges hide it."""
     if seconds is None:
         return UNKNOWN
-    return format_duration(seconds, 1.0 if seconds >= 60 else 0.1)
+    tenths = round(seconds * 10)
+    if abs(tenths) < 600:
+        return f"{tenths / 10:g}s"
+    return format_duration(seconds, 1.0)
 
 
 def format_held(seconds: float | None, at_least: bool) -> str:

@@ -17,7 +17,7 @@ from pg_advisory_exporter.keys.key import BIGINT_KEY
 
 from .answers import Answer
 from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, key_groups, split_held
-from .read import Backend, ContendedKey, Forensics, LockEntry, Waiter
+from .read import LEAK_AFTER, Backend, ContendedKey, Forensics, LockEntry, Waiter
 
 # Every value on the page comes from the server, and clients choose their own
 # application_name and query text: each is escaped, and the page may run no script at all.
@@ -57,7 +57,8 @@ def _backend(backend: Backend, query_text: bool) -> dict[str, Any]:
     found: dict[str, Any] = {
         "pid": backend.pid,
         "datname": backend.datname,
-        "application_name": backend.application_name,
+        "application_name": backend.series_name,
+        "application_name_raw": backend.application_name,
         "client_addr": backend.client_addr,
         "client_port": backend.client_port,
         "backend_start": _time(backend.backend_start),
@@ -95,6 +96,7 @@ def _holder(backend: Backend, query_text: bool) -> dict[str, Any]:
         "held_entries": backend.held_entries,
         "held_seconds": backend.held_seconds,
         "held_at_least": backend.held_at_least,
+        "leak_suspect": backend.leak_suspect,
         "locks": [_lock(lock) for lock in backend.held],
         "locks_left_out": backend.held_left_out,
         "key_groups": [{"group": g, "locks": n} for g, n in key_groups(backend)],
@@ -124,7 +126,7 @@ def _contended(key: ContendedKey) -> dict[str, Any]:
 
 def forensics_json(forensics: Forensics) -> dict[str, Any]:
     """The holders, waiters and contended keys, as /locks and `check --format json` give them."""
-    names = {b.pid: b.application_name for b in forensics.backends}
+    names = {b.pid: b.series_name for b in forensics.backends}
     return {
         "read_at": _unix(forensics.read_at),
         "query_text": forensics.query_text,
@@ -263,8 +265,10 @@ def _query(backend: Backend, query_text: bool) -> list[str]:
 
 def _who(backend: Backend, started: bool = False) -> str:
     """Application, database, client and pooler (and when it started), a line each."""
-    lines = [
-        _e(backend.application_name),
+    lines = [_e(backend.series_name)]
+    if backend.series_name != backend.application_name:
+        lines.append(f'<span class="note">as set</span> {_e(backend.application_name)}')
+    lines += [
         f'<span class="note">db</span> {_e(backend.datname)}',
         f'<span class="note">from</span> {_e(backend.client or "-")}',
     ]
@@ -292,10 +296,11 @@ _END_IT = ("To end it", "15.5em")
 def _waiters_table(forensics: Forensics) -> str:
     if not forensics.waiters:
         return '<p class="note">Nobody waits for an advisory lock.</p>\n'
+    # No "to end it": ending a waiter releases nothing; its blockers are the holders below.
     headings = [("PID", "4.5em"), ("Blocked by", "6.5em"), ("Queued behind", "6.5em"),
                 ("Key", ""), ("Mode", "6.5em"), ("Waiting", "6em"), _WHO,
                 ("State", "8em")]  # fmt: skip
-    headings += [*_query_heading(forensics), _END_IT]
+    headings += _query_heading(forensics)
     rows = [
         [
             _e(w.backend.pid),
@@ -307,7 +312,6 @@ def _waiters_table(forensics: Forensics) -> str:
             _who(w.backend),
             _e(w.backend.state_word),
             *_query(w.backend, forensics.query_text),
-            _end_it(w.backend),
         ]
         for w in forensics.waiters
     ]
@@ -386,12 +390,16 @@ def _state(backend: Backend) -> str:
         f'<span class="note">held</span> <span class="held">{_e(held)}</span>',
         f'<span class="note">level</span> {_e(backend.level)}',
     ]
+    if backend.leak_suspect:
+        lines.append(
+            f'<span class="warn leak">likely leaked: idle over {_e(format_age(LEAK_AFTER))}</span>'
+        )
     return "".join(f'<span class="line">{line}</span>' for line in lines)
 
 
 def _chain_item(node: ChainNode, backends: Mapping[int, Backend]) -> str:
     backend = backends.get(node.pid)
-    who = "" if backend is None else f" {_e(backend.application_name)} ({_e(backend.state_word)}"
+    who = "" if backend is None else f" {_e(backend.series_name)} ({_e(backend.state_word)}"
     if backend is not None:
         who += f" for {_e(format_age(backend.state_seconds))})"
     text = f"<strong>{node.pid}</strong>{who}"
@@ -533,7 +541,7 @@ def _html_parts(forensics: Forensics) -> tuple[str, str]:
         'earlier ("at least": it held them when the exporter began to watch). "Level": a '
         "backend outside any transaction holds only session-level locks; inside one, "
         'pg_locks cannot tell session from transaction level. "To end it" is shown, never '
-        "run.</p>\n"
+        "run, and only for holders: ending a backend that only waits releases nothing.</p>\n"
     )
     before, _, after = _document(f"Advisory locks of {forensics.target}", body).partition(_AGE)
     return before, after

@@ -15,6 +15,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pg_advisory_exporter import logs
+from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.connection import Session, new_session
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Hold, Holder, Holds, hold_of
@@ -23,10 +24,15 @@ from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.statements import StatementsRead
 from pg_advisory_exporter.config.model import LocksPageSettings
 from pg_advisory_exporter.config.settings import TargetSettings
+from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.registry import Level, Registry
 
 log = logs.named("forensics")
+
+# When an idle holder is marked as the leak alert's (PgAdvisoryLockLeaked's default threshold):
+# the page cannot know the thresholds of the rules a shop deploys.
+LEAK_AFTER = Thresholds().leaked_lock_after
 
 T = TypeVar("T")
 
@@ -152,6 +158,7 @@ class LockEntry:
     key_name: str | None = None  # from the key registry or the catalog
     catalog: bool = False  # the name is the built-in catalog's
     held_seconds: float | None = None  # held, of a named key: how long (collect/holds.py)
+    long_lived: bool = False  # the key's holder is idle on purpose (a leader, a migration)
 
     @property
     def lock(self) -> tuple[int, AdvisoryKey]:
@@ -164,7 +171,7 @@ class Backend:
 
     pid: int
     datname: str
-    application_name: str  # raw: no rewrite, no folding
+    application_name: str  # raw: as the client set it
     client_addr: str | None  # None for a Unix socket, or where privileges hide it
     client_port: int | None
     backend_start: datetime | None
@@ -180,6 +187,23 @@ class Backend:
     # that long where the exporter did not see the hold begin (it found it held).
     held_seconds: float | None = None
     held_at_least: bool = False
+    # The name the series give it (the target's rewrites applied); "" where none was made.
+    rewritten_name: str = ""
+
+    @property
+    def series_name(self) -> str:
+        """Its application_name as the series and alerts show it."""
+        return self.rewritten_name or self.application_name
+
+    @property
+    def leak_suspect(self) -> bool:
+        """Idle (or idle in a transaction) holding locks longer than PgAdvisoryLockLeaked's
+        default threshold, and not all of them long-lived keys' (a leader's, a migration's):
+        the holder the leak alert would be about."""
+        if self.state_seconds is None or self.state_seconds < LEAK_AFTER or not self.held:
+            return False
+        exempt = not self.held_left_out and all(lock.long_lived for lock in self.held)
+        return self.state_word in vocabulary.IDLE_STATES and not exempt
 
     @property
     def awaited(self) -> LockEntry | None:
@@ -229,8 +253,11 @@ class Backend:
         return " ".join(filter(None, (pooled.pooler, pooled.pool, pooled.pool_mode)))
 
     @property
-    def terminate(self) -> str:
-        """The statement that would end the backend; shown, never run."""
+    def terminate(self) -> str | None:
+        """The statement that would end the backend and release what it holds; shown, never
+        run. None for a backend that holds nothing: ending it releases nothing."""
+        if not self.held_entries:
+            return None
         return f"SELECT pg_terminate_backend({self.pid})"
 
 
@@ -298,6 +325,7 @@ def _entry(
         wait_seconds=None if wait_seconds is None else max(wait_seconds, 0.0),
         key_name=None if named is None else named.name,
         catalog=named is not None and named.catalog,
+        long_lived=named is not None and named.config.long_lived,
         held_seconds=held_for(named.config.level, named.name) if named and granted else None,
     )
 
@@ -307,9 +335,11 @@ def backend_from_row(
     registry: Registry,
     poolers: Sequence[PoolerView] = (),
     holds: Holds = NO_HOLDS,
+    rules: Sequence[RewriteRule] = (),
 ) -> Backend:
     """One backend of the read, its holds bounded by what the collections before saw
-    (`holds`: the server's last collection's) and by this read's own timestamps."""
+    (`holds`: the server's last collection's) and by this read's own timestamps, and its
+    application_name as the series give it (the target's `rules`)."""
     datname = row["datname"] or ""
     state_seconds = None if row["state_seconds"] is None else max(row["state_seconds"], 0.0)
     outside = bool(row["outside_transaction"])
@@ -330,10 +360,12 @@ def backend_from_row(
         _entry(values, datname, registry, lambda level, name: held(level, name).seconds(now))
         for values in row["locks"] or ()
     )
+    application_name = row["application_name"] or ""
     backend = Backend(
         pid=row["pid"],
         datname=datname,
-        application_name=row["application_name"] or "",
+        application_name=application_name,
+        rewritten_name=rewrite(application_name, rules),
         client_addr=row["client_addr"],
         client_port=row["client_port"],
         backend_start=row["backend_start"],
@@ -443,9 +475,10 @@ def build(
     *,
     query_text: bool = False,
     holds: Holds = NO_HOLDS,
+    rules: Sequence[RewriteRule] = (),
 ) -> Forensics:
     """Map the statement's rows (backends_total is on each: the same count)."""
-    backends = [backend_from_row(row, registry, poolers, holds) for row in rows]
+    backends = [backend_from_row(row, registry, poolers, holds, rules) for row in rows]
     total = rows[0]["backends_total"] if rows else 0
     return assemble(target, backends, total, poolers=poolers, query_text=query_text)
 
@@ -501,5 +534,6 @@ def answer(
         views,
         query_text=settings.query_text,
         holds=holds(),
+        rules=[rule.rule() for rule in target.collection.application_name_rewrites],
     )
     return forensics, session
