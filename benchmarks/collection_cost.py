@@ -7,7 +7,7 @@ connections hold `--locks` session-level advisory locks between them, and then m
 - the client-side wall time of the exporter's collection statement against the cheapest
   possible read of the same data, `SELECT count(*) FROM pg_locks`, and their ratio: reading
   pg_locks dominates both, so the ratio is what the collection adds. The statement is timed
-  in four configurations: without a key registry (`collect_sql()`), with an 11-key registry
+  in four configurations: without a key registry (`collect_sql(version)`), with an 11-key registry
   (the figure of earlier releases), with the built-in catalog's keys as a server of three
   databases gets them (what a target has by default), and with those plus a 10-key
   registry; and the statement of the `/locks` page, which runs only when a person asks;
@@ -203,12 +203,13 @@ def configurations(conn: Connection) -> list[Configuration]:
 
     default = resolve([], catalog.DEFAULTS)
     with_registry = resolve(USER_REGISTRY, catalog.DEFAULTS)
+    version = conn.info.server_version
     return [
-        Configuration(COLLECTION_LABEL, 0, collect_sql()),
+        Configuration(COLLECTION_LABEL, 0, collect_sql(version)),
         Configuration(
             f"{len(BENCH_REGISTRY)}-key registry",
             len(BENCH_REGISTRY),
-            collect_sql(resolve(BENCH_REGISTRY)),
+            collect_sql(version, resolve(BENCH_REGISTRY)),
         ),
         Configuration(
             FORENSICS_LABEL,
@@ -223,12 +224,12 @@ def configurations(conn: Connection) -> list[Configuration]:
         Configuration(
             f"default catalog ({len(default.keys)})",
             len(default.keys),
-            collect_sql(default),
+            collect_sql(version, default),
         ),
         Configuration(
             f"default catalog ({len(default.keys)}) + {len(USER_REGISTRY)}-key registry",
             len(with_registry.keys),
-            collect_sql(with_registry),
+            collect_sql(version, with_registry),
         ),
     ]
 

@@ -143,6 +143,20 @@ SPECS = {
             "Deadlocks detected in the database (pg_stat_database.deadlocks).",
         ),
         MetricSpec(
+            "pg_advisory_server_lock_waits_total",
+            "counter",
+            ("target",),
+            "Advisory lock waits the server counted (pg_stat_lock, PostgreSQL 19 and later): "
+            "those that outlived deadlock_timeout and then got the lock.",
+        ),
+        MetricSpec(
+            "pg_advisory_server_lock_wait_seconds_total",
+            "counter",
+            ("target",),
+            "The time those counted waits took (pg_stat_lock.wait_time, PostgreSQL 19 and "
+            "later).",
+        ),
+        MetricSpec(
             "pg_advisory_server_info",
             "gauge",
             ("target", "server_version"),

@@ -337,7 +337,8 @@ def _holders_and_waiters() -> list[PanelBuilder]:
         _timeseries(
             "Longest idle holder by application",
             "How long the longest-idle session holding an advisory lock has been idle (or idle "
-            "in transaction), per application; long_lived registry keys do not count. Above the "
+            "in transaction), per application; holders of migration tools' or long_lived keys "
+            "only do not count. Above the "
             f"line ({leaked_after}) PgAdvisoryLockLeaked pages: end the session as the runbook "
             "says and fix the code path that leaves the lock behind.",
             "s",
@@ -367,6 +368,35 @@ def _holders_and_waiters() -> list[PanelBuilder]:
             "s",
             [Query(f"max by ({GROUP}) ({sel('pg_advisory_wait_max_seconds')})", OF_APPLICATION)],
             limit=ALERTS.wait_after,
+        ),
+        _timeseries(
+            "Waits the server counted (PostgreSQL 19)",
+            "Advisory lock waits per second that the server itself counted (pg_stat_lock, "
+            "PostgreSQL 19 and later): every wait that outlived "
+            "deadlock_timeout and then got the lock, those that began and ended between two "
+            "scrapes too. Waits given up (lock_timeout, a cancel) and shorter ones are not "
+            "counted; the server's log has them, by application and key (Server log row). "
+            "Empty before PostgreSQL 19.",
+            "short",
+            [
+                Query(
+                    f"rate({sel('pg_advisory_server_lock_waits_total')}[$__rate_interval])",
+                    "{{target}}",
+                ),
+            ],
+        ),
+        _timeseries(
+            "Mean counted wait (PostgreSQL 19)",
+            "The mean length of the waits the server counted (previous panel) that ended in "
+            "each interval.",
+            "s",
+            [
+                Query(
+                    f"rate({sel('pg_advisory_server_lock_wait_seconds_total')}[$__rate_interval])"
+                    f" / rate({sel('pg_advisory_server_lock_waits_total')}[$__rate_interval])",
+                    "{{target}}",
+                ),
+            ],
         ),
         _locks_pages(),
     ]

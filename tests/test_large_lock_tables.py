@@ -35,7 +35,8 @@ def crowded() -> Iterator[EmbeddedPostgres]:
 
 
 def _temporary_blocks(conn: psycopg.Connection[tuple[object, ...]]) -> int:
-    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + collect_sql()).fetchall()
+    statement = collect_sql(conn.info.server_version)
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement).fetchall()
     return sum(
         int(n)
         for (line,) in plan

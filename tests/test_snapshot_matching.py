@@ -262,13 +262,17 @@ def test_a_registry_of_hundreds_of_catalog_keys(session: Session, pg: EmbeddedPo
 
 
 def test_statement_text() -> None:
-    """No registry: no matching at all; a registry: its keys as constants, nothing bound."""
-    assert "key_codes" not in collect_sql()
-    sql = collect_sql(resolve(MIXED))
+    """No registry: no matching at all; a registry: its keys as constants, nothing bound;
+    what a newer server has, read from its version on (collect/versions.py)."""
+    assert "key_codes" not in collect_sql(150000)
+    sql = collect_sql(150000, resolve(MIXED))
     assert str(LARGEST) in sql
     assert str(SMALLEST) in sql
     assert "%" not in sql
-    assert collect_sql(resolve(MIXED)) is sql  # cached
+    assert collect_sql(150000, resolve(MIXED)) is sql  # cached
+    assert "pg_stat_lock" not in sql
+    assert "pg_stat_lock" in collect_sql(190000, resolve(MIXED))
+    assert "pg_stat_lock" in collect_sql(200000)
 
 
 def test_packed_keys_are_signed_like_the_statement_packs_them() -> None:

@@ -301,6 +301,12 @@ def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
     capacity = lock_table_capacity(snapshot.capacity_settings)
     if capacity is not None:
         samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
+    waits = snapshot.lock_waits
+    if waits is not None:  # PostgreSQL 19 and later
+        samples += [
+            Sample("pg_advisory_server_lock_waits_total", (target,), waits.waits),
+            Sample("pg_advisory_server_lock_wait_seconds_total", (target,), waits.wait_seconds),
+        ]
     return samples + _release_samples(target, snapshot)
 
 

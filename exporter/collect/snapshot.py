@@ -16,6 +16,7 @@ from pg_advisory_exporter.keys.registry import NO_KEYS, RegisteredKey, Registry
 
 from .capacity import CapacitySettings
 from .release import ReleaseSettings
+from .versions import LockWaits, columns_for, lock_waits
 from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK
 
 # The session's work_mem. The scan of pg_lock_status() keeps its rows in a tuplestore
@@ -80,6 +81,7 @@ SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_n
 #   pg_settings, which costs more and is read only then. The idle timeouts show with a unit
 #   ("10min"), which an interval reads.
 # - {key_codes} and {registered_keys} match the key registry (see _EXACT_CODES).
+# - {versioned} is what the server's version adds (versions.py).
 _COLLECT_TEMPLATE = """
 WITH lock_groups AS (
     SELECT
@@ -143,7 +145,7 @@ totals AS (
         (SELECT pg_catalog.json_object_agg(d.datname, d.deadlocks)
            FROM pg_catalog.pg_stat_database AS d
            JOIN pg_catalog.pg_database AS db ON db.oid = d.datid
-          WHERE NOT db.datistemplate)::text AS deadlocks
+          WHERE NOT db.datistemplate)::text AS deadlocks{versioned}
     FROM backend_locks
     WHERE pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
 )
@@ -281,15 +283,19 @@ def _matching(arrays: Mapping[str, Sequence[int]]) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _collect_sql(arrays: KeyArrays) -> str:
+def _collect_sql(arrays: KeyArrays, versioned: str) -> str:
     key_codes, registered_keys = _matching(dict(arrays))
-    return _COLLECT_TEMPLATE.format(key_codes=key_codes, registered_keys=registered_keys)
+    return _COLLECT_TEMPLATE.format(
+        key_codes=key_codes, registered_keys=registered_keys, versioned=versioned
+    )
 
 
-def collect_sql(registry: Registry = NO_KEYS) -> str:
-    """The collection statement for this registry, its keys written in as constants."""
+def collect_sql(version: int, registry: Registry = NO_KEYS) -> str:
+    """The collection statement for a server of this version (server_version_num) and this
+    registry, its keys written in as constants."""
     arrays = registry.sql_parameters()
-    return _collect_sql(tuple((name, tuple(arrays[name])) for name in sorted(arrays)))
+    keys = tuple((name, tuple(arrays[name])) for name in sorted(arrays))
+    return _collect_sql(keys, columns_for(version))
 
 
 @dataclass(frozen=True)
@@ -376,6 +382,7 @@ class ServerSnapshot:
     lock_table_entries: int
     backend_table_entries_max: int
     backends: tuple[BackendLocks, ...]
+    lock_waits: LockWaits | None = None  # PostgreSQL 19's count of them (versions.py)
 
     @property
     def idle_session_holders(self) -> int:
@@ -438,8 +445,9 @@ def _release_settings(row: Mapping[str, Any]) -> ReleaseSettings:
 
 
 def read_snapshot(conn: psycopg.Connection[Any], registry: Registry = NO_KEYS) -> ServerSnapshot:
-    """Run the collection statement once and map its rows."""
-    sql = collect_sql(registry)
+    """Run the collection statement once, the one for the connection's server version, and
+    map its rows."""
+    sql = collect_sql(conn.info.server_version, registry)
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(sql).fetchall()
     first = rows[0]  # totals always yield one row, with NULL backend columns if none
@@ -463,4 +471,5 @@ def read_snapshot(conn: psycopg.Connection[Any], registry: Registry = NO_KEYS) -
         lock_table_entries=first["lock_table_entries"],
         backend_table_entries_max=first["backend_table_entries_max"],
         backends=tuple(_backend(row) for row in rows if row["pid"] is not None),
+        lock_waits=lock_waits(first),
     )
