@@ -1,0 +1,176 @@
+"""pg_repack and pg_partman take their locks in the test server: each named by the catalog,
+at the level the catalog says, and gone when the work is done.
+
+Marked `any_version`, so run with the first version (15) only: Debian 12 builds these
+extensions for its own PostgreSQL 15 alone (postgresql-15-repack 1.4.8, postgresql-15-partman
+4.7.2, which the test command installs), and the wheels that bring the other versions have
+none. The keys are the extensions' own: pg_repack's from the table's oid, pg_partman's from
+hashtext(), which the server computes (checked on every version by test_key_libraries.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+from clients import (
+    StartClient,
+    Watch,
+    check_level,
+    client_environment,
+    fresh_database,
+    in_transaction,
+    lock_of,
+    locks_config,
+)
+from support import PG_MAJOR, Connection, RunningExporter, Session, StartExporter, block_on
+
+from devtools.embedded_postgres import EmbeddedPostgres
+
+pytestmark = pytest.mark.any_version
+
+DEBIAN_MAJOR = 15  # the only version Debian 12 builds them for
+
+
+@pytest.fixture
+def exporter(start_exporter: StartExporter, monitor_dsn: str) -> RunningExporter:
+    """The exporter with the catalog as it ships, /locks read anew at each request."""
+    return start_exporter(config=locks_config(monitor_dsn))
+
+
+def _with_extension(pg: EmbeddedPostgres, name: str, extension: str, schema: str = "") -> str:
+    """A fresh database with `extension` created (in `schema`, made for it, if given)."""
+    with pg.connect() as conn:
+        available = conn.execute(
+            "SELECT default_version FROM pg_available_extensions WHERE name = %s", (extension,)
+        ).fetchone()
+    if available is None:
+        if PG_MAJOR != DEBIAN_MAJOR:
+            pytest.skip(f"Debian 12 builds {extension} for PostgreSQL {DEBIAN_MAJOR} only")
+        pytest.fail(f"{extension} is not installed (`make system-packages` installs it)")
+    database = fresh_database(pg, name)
+    with pg.connect(database) as conn:
+        if schema:
+            conn.execute(f"CREATE SCHEMA {schema}")
+            conn.execute(f"CREATE EXTENSION {extension} SCHEMA {schema}")
+        else:
+            conn.execute(f"CREATE EXTENSION {extension}")
+    return database
+
+
+def test_pg_repack_holds_its_table_lock_while_it_waits_for_older_transactions(
+    exporter: RunningExporter, pg: EmbeddedPostgres, start_client: StartClient
+) -> None:
+    """pg_repack holds (16185446, table oid - 2^31) for the whole repack of a table, on a
+    connection that sits idle, outside any transaction, while it waits for the transactions
+    older than its copy: a session lock."""
+    database = _with_extension(pg, "repack", "pg_repack")
+    with pg.connect(database) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO orders SELECT g, 'note' FROM generate_series(1, 1000) g")
+        row = conn.execute("SELECT 'orders'::regclass::oid").fetchone()
+    assert row is not None
+    pg_repack = pg.bindir / "pg_repack"
+    watch = Watch(exporter, "pg_repack", database)
+    with in_transaction(pg, database, "SELECT 1", "long-report"):  # older than its copy
+        command: list[str | Path] = [pg_repack, "--dbname", database, "--table", "orders"]
+        repack = start_client("pg_repack", command, client_environment(pg, database))
+        holder = watch.held(repack)
+    assert holder["application_name"] == "pg_repack"
+    assert (holder["state"], holder["xact_start"]) == ("idle", None)
+    check_level(holder, "session")
+    assert lock_of(holder, "pg_repack")["key_parts"] == [16185446, row[0] - 2**31]
+    output = repack.finish()
+    assert 'INFO: repacking table "public.orders"' in output
+    assert "Waiting for 1 transactions to finish" in output
+    watch.gone()
+
+
+PARENT = "public.events"
+
+
+@pytest.fixture
+def partitioned(pg: EmbeddedPostgres) -> str:
+    """A database with pg_partman (in schema partman) and a daily partition set, public.events,
+    with rows in its default partition (a month before the premade partitions)."""
+    database = _with_extension(pg, "partman", "pg_partman", "partman")
+    with pg.connect(database) as conn:
+        conn.execute(
+            "CREATE TABLE events (id bigint, created_at timestamptz NOT NULL)"
+            " PARTITION BY RANGE (created_at)"
+        )
+        conn.execute("SELECT partman.create_parent(%s, 'created_at', 'native', 'daily')", (PARENT,))
+        conn.execute(
+            "INSERT INTO events SELECT g, now() - interval '30 days' FROM generate_series(1, 10) g"
+        )
+    return database
+
+
+def _config_locked(pg: EmbeddedPostgres, database: str) -> AbstractContextManager[Connection]:
+    """partman.part_config locked against readers until the block ends: every pg_partman
+    function reads it right after taking its advisory lock, and waits there."""
+    return in_transaction(
+        pg, database, "LOCK TABLE partman.part_config IN ACCESS EXCLUSIVE MODE", "partman-admin"
+    )
+
+
+def _finished(thread: threading.Thread) -> None:
+    thread.join(60)
+    assert not thread.is_alive(), "the pg_partman call never finished"
+
+
+def test_pg_partman_maintenance_function_and_procedure(
+    exporter: RunningExporter, pg: EmbeddedPostgres, session: Session, partitioned: str
+) -> None:
+    """run_maintenance() holds pg_partman_maintenance in its transaction, and lets it go
+    with it, its session open; run_maintenance_proc() holds the same key at the session
+    level, so a call that fails (cancelled here) leaves it held by an idle session until
+    that session ends."""
+    watch = Watch(exporter, "pg_partman_maintenance", partitioned)
+    function = session("partman-maintenance", dbname=partitioned)
+    with _config_locked(pg, partitioned):
+        call = block_on(pg, function, "SELECT partman.run_maintenance()")
+        holder = watch.held()
+        assert holder["pid"] == function.info.backend_pid
+        check_level(holder, "transaction")
+    _finished(call)
+    watch.gone()  # its session still open: released with its transaction
+
+    procedure = session("partman-maintenance-proc", dbname=partitioned)
+    with _config_locked(pg, partitioned):
+        call = block_on(pg, procedure, "CALL partman.run_maintenance_proc()")
+        assert watch.held()["pid"] == procedure.info.backend_pid
+        procedure.cancel_safe()
+        _finished(call)
+    holder = watch.held()
+    assert (holder["pid"], holder["state"]) == (procedure.info.backend_pid, "idle")
+    check_level(holder, "session")
+    procedure.close()
+    watch.gone()
+
+
+def test_pg_partman_partition_data_names_the_parent_table(
+    exporter: RunningExporter, pg: EmbeddedPostgres, session: Session, partitioned: str
+) -> None:
+    """partition_data_proc holds (hashtext('pg_partman partition_data_proc'),
+    hashtext(parent table)) in its transaction: the catalog's namespace names it whatever
+    the table."""
+    watch = Watch(exporter, "pg_partman_partition_data", partitioned)
+    mover = session("partman-partition-data", dbname=partitioned)
+    with _config_locked(pg, partitioned):
+        call = block_on(pg, mover, f"CALL partman.partition_data_proc('{PARENT}', p_wait := 0)")
+        holder = watch.held()
+        assert holder["pid"] == mover.info.backend_pid
+        check_level(holder, "transaction")
+    with pg.connect(partitioned) as conn:
+        row = conn.execute(
+            "SELECT hashtext('pg_partman partition_data_proc'), hashtext(%s)", (PARENT,)
+        ).fetchone()
+    assert lock_of(holder, "pg_partman_partition_data")["key_parts"] == list(row or ())
+    _finished(call)
+    watch.gone()
+    with pg.connect(partitioned) as conn:
+        assert conn.execute("SELECT count(*) FROM ONLY events_default").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM events").fetchone() == (10,)
