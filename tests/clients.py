@@ -410,13 +410,13 @@ def boss_key_sql(schema: str, key: str = "") -> str:
 
 def pg_boss_starts(
     watch: Watch, pg: EmbeddedPostgres, start_client: StartClient, folder: Path, schema: str
-) -> Client:
+) -> tuple[Client, Row]:
     """pg-boss started in the watched database with `schema`, which it installs in a
     transaction holding its schema lock, `watch.key`: seen waiting for the lock (another
     installer holds the key, taken with pg-boss's own SQL), then holding it at the transaction
     level while its DDL waits for the schema (which the test is dropping, in a transaction
     it then rolls back), then letting it go. Returns pg-boss, which waits for the test's
-    word to create a queue."""
+    word to create a queue, and its /locks row while it held the lock."""
     database = watch.datname
     with pg.connect(database) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')  # empty; pg-boss creates it IF NOT EXISTS
@@ -432,7 +432,7 @@ def pg_boss_starts(
     check_level(holder, "transaction", waiter)
     wait_until(lambda: boss.said("started"), WAIT, "pg-boss started")
     watch.gone()
-    return boss
+    return boss, holder
 
 
 # -- PgQueuer 1.6 (PyPI), for the catalog's entries and the registry's examples -------------

@@ -195,7 +195,7 @@ def test_pg_boss_schema_lock_and_queues(
     from a database name that needs quoting; its createQueue takes no advisory lock at all
     (pgboss_create_queue is 11's and 12's)."""
     database = fresh_database(pg, 'Boss "DB"-\u00fc')
-    boss = pg_boss_starts(
+    boss, _ = pg_boss_starts(
         Watch(exporter, "pgboss_migration", database), pg, start_client, tmp_path, "pgboss"
     )
     assert "pg-boss 10.4.2 started" in boss.output()
