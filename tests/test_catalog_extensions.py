@@ -28,6 +28,7 @@ from clients import (
 from support import PG_MAJOR, Connection, RunningExporter, Session, StartExporter, block_on
 
 from devtools.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.keys.catalog import BY_NAME
 
 pytestmark = pytest.mark.any_version
 
@@ -40,8 +41,11 @@ def exporter(start_exporter: StartExporter, monitor_dsn: str) -> RunningExporter
     return start_exporter(config=locks_config(monitor_dsn))
 
 
-def _with_extension(pg: EmbeddedPostgres, name: str, extension: str, schema: str = "") -> str:
-    """A fresh database with `extension` created (in `schema`, made for it, if given)."""
+def _with_extension(
+    pg: EmbeddedPostgres, name: str, extension: str, entry: str, schema: str = ""
+) -> str:
+    """A fresh database with `extension` created (in `schema`, made for it, if given), of the
+    version that catalog `entry` was read in (Debian 12 may move to a newer point release)."""
     with pg.connect() as conn:
         available = conn.execute(
             "SELECT default_version FROM pg_available_extensions WHERE name = %s", (extension,)
@@ -50,6 +54,7 @@ def _with_extension(pg: EmbeddedPostgres, name: str, extension: str, schema: str
         if PG_MAJOR != DEBIAN_MAJOR:
             pytest.skip(f"Debian 12 builds {extension} for PostgreSQL {DEBIAN_MAJOR} only")
         pytest.fail(f"{extension} is not installed (`make system-packages` installs it)")
+    assert available[0].startswith(f"{BY_NAME[entry].versions}."), available
     database = fresh_database(pg, name)
     with pg.connect(database) as conn:
         if schema:
@@ -66,7 +71,7 @@ def test_pg_repack_holds_its_table_lock_while_it_waits_for_older_transactions(
     """pg_repack holds (16185446, table oid - 2^31) for the whole repack of a table, on a
     connection that sits idle, outside any transaction, while it waits for the transactions
     older than its copy: a session lock."""
-    database = _with_extension(pg, "repack", "pg_repack")
+    database = _with_extension(pg, "repack", "pg_repack", "pg_repack")
     with pg.connect(database) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)")
         conn.execute("INSERT INTO orders SELECT g, 'note' FROM generate_series(1, 1000) g")
@@ -95,7 +100,7 @@ PARENT = "public.events"
 def partitioned(pg: EmbeddedPostgres) -> str:
     """A database with pg_partman (in schema partman) and a daily partition set, public.events,
     with rows in its default partition (a month before the premade partitions)."""
-    database = _with_extension(pg, "partman", "pg_partman", "partman")
+    database = _with_extension(pg, "partman", "pg_partman", "pg_partman_maintenance", "partman")
     with pg.connect(database) as conn:
         conn.execute(
             "CREATE TABLE events (id bigint, created_at timestamptz NOT NULL)"
