@@ -1,5 +1,7 @@
 """pg_repack and pg_partman take their locks in the test server: each named by the catalog,
-at the level the catalog says, and gone when the work is done.
+at the level the catalog says, and gone when the work is done (or, for pg_partman's session
+locks, when the session of a failed call ends). Every pg_partman call that takes a lock runs:
+each waits for partman.part_config, which the test locks, right after taking it.
 
 Marked `any_version`, so run with the first version (15) only: Debian 12 builds these
 extensions for its own PostgreSQL 15 alone (postgresql-15-repack 1.4.8, postgresql-15-partman
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from clients import (
+    Level,
     StartClient,
     Watch,
     blocked,
@@ -149,11 +152,10 @@ def test_pg_repack_with_jobs_is_no_leak_while_its_workers_build_indexes(
 PARENT = "public.events"
 
 
-@pytest.fixture
-def partitioned(pg: EmbeddedPostgres) -> str:
+def _partition_set(pg: EmbeddedPostgres, name: str) -> str:
     """A database with pg_partman (in schema partman) and a daily partition set, public.events,
     with rows in its default partition (a month before the premade partitions)."""
-    database = _with_extension(pg, "partman", "pg_partman", "pg_partman_maintenance", "partman")
+    database = _with_extension(pg, name, "pg_partman", "pg_partman_maintenance", "partman")
     with pg.connect(database) as conn:
         conn.execute(
             "CREATE TABLE events (id bigint, created_at timestamptz NOT NULL)"
@@ -164,6 +166,18 @@ def partitioned(pg: EmbeddedPostgres) -> str:
             "INSERT INTO events SELECT g, now() - interval '30 days' FROM generate_series(1, 10) g"
         )
     return database
+
+
+@pytest.fixture
+def partitioned(pg: EmbeddedPostgres) -> str:
+    """A partition set of the test's own, for work that changes it."""
+    return _partition_set(pg, "partman")
+
+
+@pytest.fixture(scope="module")
+def untouched(pg: EmbeddedPostgres) -> str:
+    """A partition set for the calls that are cancelled before they change anything."""
+    return _partition_set(pg, "partman_untouched")
 
 
 def _config_locked(pg: EmbeddedPostgres, database: str) -> AbstractContextManager[Connection]:
@@ -179,13 +193,11 @@ def _finished(thread: threading.Thread) -> None:
     assert not thread.is_alive(), "the pg_partman call never finished"
 
 
-def test_pg_partman_maintenance_function_and_procedure(
+def test_pg_partman_run_maintenance_holds_its_lock_in_its_transaction(
     exporter: RunningExporter, pg: EmbeddedPostgres, session: Session, partitioned: str
 ) -> None:
-    """run_maintenance() holds pg_partman_maintenance in its transaction, and lets it go
-    with it, its session open; run_maintenance_proc() holds the same key at the session
-    level, so a call that fails (cancelled here) leaves it held by an idle session until
-    that session ends."""
+    """run_maintenance() holds pg_partman_maintenance in its transaction while it works, and
+    lets it go with it, its session open."""
     watch = Watch(exporter, "pg_partman_maintenance", partitioned)
     function = session("partman-maintenance", dbname=partitioned)
     with _config_locked(pg, partitioned):
@@ -194,19 +206,72 @@ def test_pg_partman_maintenance_function_and_procedure(
         assert holder["pid"] == function.info.backend_pid
         check_level(holder, "transaction")
     _finished(call)
-    watch.gone()  # its session still open: released with its transaction
-
-    procedure = session("partman-maintenance-proc", dbname=partitioned)
-    with _config_locked(pg, partitioned):
-        call = block_on(pg, procedure, "CALL partman.run_maintenance_proc()")
-        assert watch.held()["pid"] == procedure.info.backend_pid
-        procedure.cancel_safe()
-        _finished(call)
-    holder = watch.held()
-    assert (holder["pid"], holder["state"]) == (procedure.info.backend_pid, "idle")
-    check_level(holder, "session")
-    procedure.close()
     watch.gone()
+
+
+# Each other pg_partman 4.7 function and procedure that takes an advisory lock, the entry that
+# names it, and the level it takes it at.
+PARTMAN_CALLS = [
+    ("pg_partman_maintenance", "CALL partman.run_maintenance_proc()", "session"),
+    ("pg_partman_undo_partition", f"SELECT partman.undo_partition('{PARENT}')", "transaction"),
+    ("pg_partman_undo_partition_proc", f"CALL partman.undo_partition_proc('{PARENT}')",
+     "transaction"),
+    ("pg_partman_drop_partition_id", f"SELECT partman.drop_partition_id('{PARENT}')",
+     "transaction"),
+    ("pg_partman_drop_partition_time", f"SELECT partman.drop_partition_time('{PARENT}')",
+     "transaction"),
+    ("pg_partman_reapply_constraints", f"CALL partman.reapply_constraints_proc('{PARENT}')",
+     "session"),
+    ("pg_partman_run_analyze", "CALL partman.run_analyze()", "session"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("entry", "call", "level"),
+    PARTMAN_CALLS,
+    ids=[call.split(".")[1].split("(")[0] for _, call, _ in PARTMAN_CALLS],
+)
+def test_a_cancelled_pg_partman_call_leaves_its_lock_as_its_level_says(
+    exporter: RunningExporter,
+    pg: EmbeddedPostgres,
+    session: Session,
+    untouched: str,
+    entry: str,
+    call: str,
+    level: Level,
+) -> None:
+    """Each call holds its entry's key while it waits for part_config; cancelled there, a
+    transaction lock goes with its transaction while the session stays, and a session lock
+    stays held by the idle session (every later call then finds it "already running") until
+    that session ends. A key per table has hashtext(parent table) as its second int."""
+    assert BY_NAME[entry].lock_level in (None, level)
+    watch = Watch(exporter, entry, untouched)
+    caller = session("partman-caller", dbname=untouched)
+    with _config_locked(pg, untouched):
+        thread = block_on(pg, caller, call)
+        holder = watch.held()
+        assert holder["pid"] == caller.info.backend_pid
+        caller.cancel_safe()
+        _finished(thread)
+    form = BY_NAME[entry].form
+    assert form is not None
+    if form.form == "namespace":
+        assert lock_of(holder, entry)["key_parts"][1] == _hashtext(pg, untouched, PARENT)
+    if level == "transaction":
+        watch.gone()
+    else:
+        holder = watch.held()
+        assert (holder["pid"], holder["state"]) == (caller.info.backend_pid, "idle")
+        check_level(holder, "session")
+        caller.close()
+        watch.gone()
+
+
+def _hashtext(pg: EmbeddedPostgres, database: str, text: str) -> int:
+    with pg.connect(database) as conn:
+        row = conn.execute("SELECT hashtext(%s)", (text,)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def test_pg_partman_partition_data_names_the_parent_table(
@@ -222,11 +287,10 @@ def test_pg_partman_partition_data_names_the_parent_table(
         holder = watch.held()
         assert holder["pid"] == mover.info.backend_pid
         check_level(holder, "transaction")
-    with pg.connect(partitioned) as conn:
-        row = conn.execute(
-            "SELECT hashtext('pg_partman partition_data_proc'), hashtext(%s)", (PARENT,)
-        ).fetchone()
-    assert lock_of(holder, "pg_partman_partition_data")["key_parts"] == list(row or ())
+    assert lock_of(holder, "pg_partman_partition_data")["key_parts"] == [
+        _hashtext(pg, partitioned, "pg_partman partition_data_proc"),
+        _hashtext(pg, partitioned, PARENT),
+    ]
     _finished(call)
     watch.gone()
     with pg.connect(partitioned) as conn:
