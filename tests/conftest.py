@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import clients
 import psycopg
 import psycopg.generators
 import pytest
@@ -106,11 +107,13 @@ pytest_plugins = ["pytester"]
 # fixture, is marked `pg`.
 SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Fixtures that run another program: the exporter's daemon or command, Prometheus,
-# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium, and any
-# command (run_program: pip, the demo's printed command...).
+# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium, the real
+# clients of locking libraries (tests/clients.py: npm's and PyPI's, installed into build/),
+# and any command (run_program: pip, the demo's printed command...).
 PROGRAM_FIXTURES = frozenset(
     {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl",
-     "hadolint", "podman", "image", "chromium", "lint_imports", "run_program"}
+     "hadolint", "podman", "image", "chromium", "lint_imports", "run_program", "npm_clients",
+     "py_clients", "start_client"}
 )  # fmt: skip
 
 
@@ -487,6 +490,36 @@ def run_program() -> RunProgram:
     """Any other program in a subprocess (`support.run_program`); session-wide, for the
     fixtures of every scope that build something with one."""
     return support.run_program
+
+
+@pytest.fixture(scope="session")
+def npm_clients() -> Path:
+    """node_modules of the npm libraries the tests run (tests/clients.py), installed once."""
+    return clients.install_npm_clients()
+
+
+@pytest.fixture(scope="session")
+def py_clients() -> Path:
+    """The Python of the PyPI libraries' own virtualenv (tests/clients.py), installed once."""
+    return clients.install_py_clients()
+
+
+@pytest.fixture
+def start_client(tmp_path: Path) -> Iterator[clients.StartClient]:
+    """A library's program (tests/clients.py), run in the test's folder unless told; killed
+    when the test ends if it still runs."""
+    started: list[clients.Client] = []
+
+    def start(
+        name: str, command: Sequence[str | Path], env: Mapping[str, str], cwd: Path | None = None
+    ) -> clients.Client:
+        client = clients.start(name, command, cwd or tmp_path, env)
+        started.append(client)
+        return client
+
+    yield start
+    for client in started:
+        client.kill()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from clients import boss_key_sql
 from support import (
     Cli,
     Config,
@@ -329,7 +330,7 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ("tern", "select pg_advisory_lock(9628173550095224)", True),
         ("atlas_migrate", "SELECT pg_try_advisory_lock(2686470616)", True),
         *(
-            (name, f"SELECT pg_advisory_xact_lock({_boss_key(key)})", False)
+            (name, f"SELECT pg_advisory_xact_lock({boss_key_sql('pgboss', key)})", False)
             for name, key in (
                 ("pgboss_migration", ""),
                 ("pgboss_create_queue", "create-queue"),
@@ -361,14 +362,6 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ("airflow_migration", "SELECT pg_advisory_lock(1)", True),
         ("authentik_migration", "SELECT pg_advisory_lock(1000)", True),
     ]
-
-
-def _boss_key(key: str) -> str:
-    """pg-boss's own SQL for its key (plans.js, advisoryLock), schema pgboss."""
-    return (
-        "('x' || encode(sha224((current_database() || '.pgboss.pgboss"
-        f"{key}')::bytea), 'hex'))::bit(64)::bigint"
-    )
 
 
 def _partman(function: str, level: str = "", per_table: bool = False) -> str:

@@ -1,57 +1,57 @@
-"""Real migration tools against the test server: each one's own lock, named by the catalog.
+"""Real migration tools and job queues against the test server: each one's own lock, named
+by the catalog, at the level the catalog says, and gone when the tool is done.
 
-Each tool runs a migration that waits for a row this test keeps locked, so that the tool
-holds its migration lock for as long as the test looks; then the row is let go, the tool
-finishes, and its lock goes with it. ActiveRecord and Sqitch come from Debian (the test
-command installs them), node-pg-migrate and pg from the npm registry (pinned, installed by
-the fixture below into build/, kept between runs).
+Each tool runs work that waits for a lock this test holds (a row its migration updates, a
+table or a schema its DDL needs), so that the tool holds its advisory lock for as long as the
+test looks; then the test lets go, the tool finishes, and its lock goes with it. Where a tool
+waits for its advisory lock, the test takes that key first, so that the tool is seen waiting
+too. ActiveRecord and Sqitch come from Debian (the test command installs them);
+node-pg-migrate, pg-boss and Kysely from the npm registry, PgQueuer from PyPI, each pinned
+and installed into build/ by tests/clients.py. pg_repack and pg_partman, which run in the
+server, are in test_catalog_extensions.py.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
 import pytest
-from support import RunningExporter, Scrape
+from clients import (
+    Client,
+    Level,
+    PgQueuerKeys,
+    Row,
+    StartClient,
+    Watch,
+    advisory_locks,
+    blocked,
+    check_level,
+    client_environment,
+    database_url,
+    fresh_database,
+    in_transaction,
+    locks_config,
+    pg_boss_starts,
+    pgqueuer_takes_its_locks,
+    row_locked,
+)
+from support import RunningExporter, StartExporter
 
 from devtools.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.keys.catalog import BY_NAME
 
 # Version-independent (tests/conftest.py): each tool computes its key itself; the statement that
-# reads keys is checked on every version (test_scenarios.py).
+# reads keys is checked on every version (test_scenarios.py), and so is hashtext(), which
+# PgQueuer's statistics key is made of (test_key_libraries.py).
 pytestmark = pytest.mark.any_version
 
-ROOT = Path(__file__).parent.parent
-NPM_PACKAGES = ("node-pg-migrate@7.9.1", "pg@8.16.3")  # 7.9 runs on Debian 12's Node 18 too
-NPM_DIR = ROOT / "build" / "npm-clients"
-WAIT = 60.0  # for a tool to finish once the row is free
 
-
-def _fresh_database(pg: EmbeddedPostgres, name: str) -> str:
-    """An empty database with one row for the migrations to wait on."""
-    with pg.connect() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    with psycopg.connect(pg.dsn(name), autocommit=True) as conn:
-        conn.execute("CREATE TABLE blocker (id int PRIMARY KEY, n int NOT NULL)")
-        conn.execute("INSERT INTO blocker VALUES (1, 0)")
-    return name
-
-
-def _client_environment(pg: EmbeddedPostgres) -> dict[str, str]:
-    """libpq's variables: ruby-pg, DBD::Pg, psql and node's pg all read them."""
-    return {
-        **os.environ,
-        "PGHOST": "127.0.0.1",
-        "PGPORT": str(pg.port),
-        "PGUSER": "postgres",
-        "PGPASSWORD": pg.password,
-    }
+@pytest.fixture
+def exporter(start_exporter: StartExporter, monitor_dsn: str) -> RunningExporter:
+    """The exporter with the catalog as it ships, /locks read anew at each request."""
+    return start_exporter(config=locks_config(monitor_dsn))
 
 
 def _installed(name: str) -> str:
@@ -60,60 +60,18 @@ def _installed(name: str) -> str:
     return path
 
 
-def _holders(scrape: Scrape, key: str, datname: str) -> list[float]:
-    found = scrape.find("pg_advisory_key_holders", target="main", key=key, datname=datname)
-    return [value for _, value in found]
-
-
-@contextmanager
-def _row_locked(pg: EmbeddedPostgres, database: str) -> Iterator[None]:
-    """The row stays locked (FOR UPDATE, in an open transaction) until the block ends."""
-    with psycopg.connect(pg.dsn(database), application_name="row-holder") as conn:
-        conn.execute("SELECT n FROM blocker WHERE id = 1 FOR UPDATE")
-        yield
-        conn.rollback()
-
-
-def _migrate_while_held(
-    exporter: RunningExporter,
-    pg: EmbeddedPostgres,
-    database: str,
-    key: str,
-    command: list[str],
-    cwd: Path,
-    env: Mapping[str, str],
-) -> str:
-    """Run the tool while the row is locked: its lock must show by name, and be gone once
-    the tool has finished. Returns the tool's output."""
-    log_path = cwd / "tool.log"
-    with _row_locked(pg, database), log_path.open("w") as log:
-        process = subprocess.Popen(
-            command, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT
-        )
-
-        def named(scrape: Scrape) -> bool:
-            if process.poll() is not None:  # it cannot have waited for the row
-                pytest.fail(f"{command[0]} ended early:\n{log_path.read_text()}")
-            return _holders(scrape, key, database) == [1.0]
-
-        try:
-            exporter.scrape_until(named)
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
-    try:
-        returncode = process.wait(timeout=WAIT)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    output = log_path.read_text()
-    assert returncode == 0, output
-    exporter.scrape_until(lambda s: _holders(s, key, database) == [])
-    with psycopg.connect(pg.dsn(database)) as conn:
+def _migrates(watch: Watch, pg: EmbeddedPostgres, start: Callable[[], Client]) -> tuple[Row, str]:
+    """The tool that `start` starts migrates while the blocker row is locked: its lock is
+    named while it waits for the row, and gone once it has finished. Its /locks row while it
+    held the lock, and its output."""
+    with row_locked(pg, watch.datname):
+        tool = start()
+        holder = watch.held(tool)
+    output = tool.finish()
+    watch.gone()
+    with pg.connect(watch.datname) as conn:
         assert conn.execute("SELECT n FROM blocker WHERE id = 1").fetchone() == (1,), output
-    return output
+    return holder, output
 
 
 # ActiveRecord::MigrationContext#migrate, as `rails db:migrate` runs it (ActiveRecord 6.1,
@@ -137,23 +95,23 @@ end
 
 
 def test_activerecord_migration_lock(
-    exporter: RunningExporter, pg: EmbeddedPostgres, tmp_path: Path
+    exporter: RunningExporter, pg: EmbeddedPostgres, start_client: StartClient, tmp_path: Path
 ) -> None:
     ruby = _installed("ruby")
-    database = _fresh_database(pg, "inventory")
+    database = fresh_database(pg, "inventory")
     (tmp_path / "db" / "migrate").mkdir(parents=True)
     (tmp_path / "db" / "migrate" / "20240101000000_touch_blocker.rb").write_text(RAILS_MIGRATION)
     (tmp_path / "migrate.rb").write_text(RAILS_MIGRATE)
-    output = _migrate_while_held(
-        exporter,
+    env = client_environment(pg)
+    holder, output = _migrates(
+        Watch(exporter, "rails_migration", database),
         pg,
-        database,
-        "rails_migration",
-        [ruby, "migrate.rb", database],
-        tmp_path,
-        _client_environment(pg),
+        lambda: start_client("rails", [ruby, "migrate.rb", database], env),
     )
     assert "migrated with ActiveRecord 6.1" in output
+    # Its lock connection sits idle, outside any transaction, while another one migrates.
+    check_level(holder, "session")
+    assert holder["state"] == "idle"
 
 
 SQITCH_PLAN = """%syntax-version=1.0.0
@@ -164,11 +122,11 @@ touch_blocker 2024-01-01T00:00:00Z Catalog Test <catalog@example.com> # waits fo
 
 
 def test_sqitch_deploy_lock(
-    exporter: RunningExporter, pg: EmbeddedPostgres, tmp_path: Path
+    exporter: RunningExporter, pg: EmbeddedPostgres, start_client: StartClient, tmp_path: Path
 ) -> None:
     sqitch = _installed("sqitch")
     _installed("psql")  # Sqitch runs each change's script with psql
-    database = _fresh_database(pg, "warehouse")
+    database = fresh_database(pg, "warehouse")
     (tmp_path / "sqitch.conf").write_text("[core]\n\tengine = pg\n")
     (tmp_path / "sqitch.plan").write_text(SQITCH_PLAN)
     scripts = {
@@ -180,36 +138,20 @@ def test_sqitch_deploy_lock(
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "touch_blocker.sql").write_text(script + "\n")
     env = {
-        **_client_environment(pg),
+        **client_environment(pg),
         "SQITCH_USER_CONFIG": str(tmp_path / "user.conf"),  # none: the user's own stays out
         "SQITCH_FULLNAME": "Catalog Test",
         "SQITCH_EMAIL": "catalog@example.com",
     }
     target = f"db:pg://postgres@127.0.0.1:{pg.port}/{database}"
-    output = _migrate_while_held(
-        exporter, pg, database, "sqitch", [sqitch, "deploy", target], tmp_path, env
+    holder, output = _migrates(
+        Watch(exporter, "sqitch", database),
+        pg,
+        lambda: start_client("sqitch", [sqitch, "deploy", target], env),
     )
     assert "+ touch_blocker .. ok" in output
-
-
-@pytest.fixture(scope="session")
-def node_pg_migrate() -> Path:
-    """node-pg-migrate's command, installed with npm into build/ once, and again only when
-    the pinned versions change."""
-    npm = shutil.which("npm")
-    assert npm, "npm is not installed (Node.js with npm: `apt-get install nodejs npm`)"
-    stamp = NPM_DIR / "installed.txt"
-    wanted = " ".join(NPM_PACKAGES)
-    if not stamp.exists() or stamp.read_text() != wanted:
-        shutil.rmtree(NPM_DIR, ignore_errors=True)
-        NPM_DIR.mkdir(parents=True)
-        subprocess.run(
-            [npm, "install", "--prefix", str(NPM_DIR), "--no-audit", "--no-fund",
-             "--save-exact", *NPM_PACKAGES],
-            check=True, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        stamp.write_text(wanted)
-    return NPM_DIR / "node_modules" / ".bin" / "node-pg-migrate"
+    # Its own connection waits, idle outside a transaction, for psql to run the change.
+    check_level(holder, "session")
 
 
 NODE_MIGRATION = """
@@ -220,22 +162,125 @@ exports.up = (pgm) => {
 
 
 def test_node_pg_migrate_lock(
-    exporter: RunningExporter, pg: EmbeddedPostgres, node_pg_migrate: Path, tmp_path: Path
+    exporter: RunningExporter,
+    pg: EmbeddedPostgres,
+    npm_clients: Path,
+    start_client: StartClient,
+    tmp_path: Path,
 ) -> None:
-    database = _fresh_database(pg, "shipping")
+    database = fresh_database(pg, "shipping")
     (tmp_path / "migrations").mkdir()
     (tmp_path / "migrations" / "1700000000000_touch-blocker.js").write_text(NODE_MIGRATION)
-    env = {
-        **_client_environment(pg),
-        "DATABASE_URL": f"postgres://postgres:{pg.password}@127.0.0.1:{pg.port}/{database}",
-    }
-    output = _migrate_while_held(
-        exporter,
+    env = {**client_environment(pg), "DATABASE_URL": database_url(pg, database)}
+    command: list[str | Path] = [npm_clients / ".bin" / "node-pg-migrate", "up", "-m", "migrations"]
+    # Its try-lock cannot be made to wait, and the migration runs in a transaction on the
+    # connection that holds it: the name, not the level, is what this shows.
+    holder, output = _migrates(
+        Watch(exporter, "node_pg_migrate", database),
         pg,
-        database,
-        "node_pg_migrate",
-        [str(node_pg_migrate), "up", "-m", "migrations"],
-        tmp_path,
-        env,
+        lambda: start_client("node-pg-migrate", command, env),
     )
     assert "Migrations complete!" in output
+    assert holder["state"] == "active"
+
+
+def test_pg_boss_schema_lock_and_queues(
+    exporter: RunningExporter,
+    pg: EmbeddedPostgres,
+    npm_clients: Path,
+    start_client: StartClient,
+    tmp_path: Path,
+) -> None:
+    """pg-boss 10.4 installs its schema under its schema lock, `pgboss_migration`, computed
+    from a database name that needs quoting; its createQueue takes no advisory lock at all
+    (pgboss_create_queue is 11's and 12's)."""
+    database = fresh_database(pg, 'Boss "DB"-\u00fc')
+    boss, _ = pg_boss_starts(
+        Watch(exporter, "pgboss_migration", database), pg, start_client, tmp_path, "pgboss"
+    )
+    assert "pg-boss 10.4.2 started" in boss.output()
+    # createQueue inserts into pgboss.queue, which the test holds: it waits there, and no
+    # backend of the database holds or awaits an advisory lock.
+    with in_transaction(pg, database, "LOCK TABLE pgboss.queue IN SHARE MODE", "queue-locker"):
+        boss.proceed()
+        blocked(pg, database, "pgboss")
+        assert advisory_locks(pg, database) == []
+        scrape = exporter.scrape()
+        assert scrape.find("pg_advisory_key_holders", datname=database) == []
+        assert scrape.find("pg_advisory_key_waiters", datname=database) == []
+    assert "created queue reports" in boss.finish()
+
+
+# Kysely's Migrator with one migration that waits for the row; the version is the package
+# given (`kysely` is 0.29.9, `kysely-0.28` 0.28.17: tests/npm-clients/package.json).
+KYSELY_MIGRATE = """\
+import pg from 'pg'
+
+const [pkg, url] = process.argv.slice(2)
+const { Kysely, PostgresDialect, sql, ...kysely } = await import(pkg)
+const { Migrator } = kysely.Migrator ? kysely : await import(`${pkg}/migration`)
+const pool = new pg.Pool({ connectionString: url, application_name: 'kysely-migrator' })
+const db = new Kysely({ dialect: new PostgresDialect({ pool }) })
+const migrations = {
+  '0001_touch_blocker': {
+    async up (db) { await sql`UPDATE blocker SET n = n + 1 WHERE id = 1`.execute(db) }
+  }
+}
+const migrator = new Migrator({ db, provider: { getMigrations: async () => migrations } })
+const { error, results } = await migrator.migrateToLatest()
+await db.destroy()
+if (error) {
+  console.error(error)
+  process.exit(1)
+}
+for (const result of results) console.log(`${result.migrationName}: ${result.status}`)
+"""
+
+
+@pytest.mark.parametrize(
+    ("package", "level"),
+    [
+        ("kysely", "session"),  # 0.29.9: pg_advisory_lock, then a transaction, then unlock
+        ("kysely-0.28", "transaction"),  # 0.28.17: pg_advisory_xact_lock in its transaction
+    ],
+)
+def test_kysely_migration_lock(
+    exporter: RunningExporter,
+    pg: EmbeddedPostgres,
+    npm_clients: Path,
+    start_client: StartClient,
+    tmp_path: Path,
+    package: str,
+    level: Level,
+) -> None:
+    assert BY_NAME["kysely_migration"].lock_level is None  # it depends on the version
+    database = fresh_database(pg, "catalogue")
+    (tmp_path / "migrate.mjs").write_text(KYSELY_MIGRATE)
+    command = ["node", "migrate.mjs", package, database_url(pg, database)]
+    watch = Watch(exporter, "kysely_migration", database)
+    with row_locked(pg, database):
+        other = "SELECT pg_advisory_xact_lock(3853314791062309107)"  # another migrator
+        with in_transaction(pg, database, other, "other-migrator"):
+            kysely = start_client(package, command, client_environment(pg, database))
+            waiter = watch.awaited(kysely)
+        holder = watch.held(kysely)
+    assert waiter["application_name"] == holder["application_name"] == "kysely-migrator"
+    check_level(holder, level, waiter)
+    assert "0001_touch_blocker: Success" in kysely.finish()
+    watch.gone()
+
+
+def test_pgqueuer_upgrade_and_statistics_locks(
+    exporter: RunningExporter,
+    pg: EmbeddedPostgres,
+    py_clients: Path,
+    start_client: StartClient,
+) -> None:
+    """PgQueuer 1.6 with its default names: `pgq upgrade`'s lock and its statistics fold's,
+    the keys the catalog computes as the library does."""
+    database = fresh_database(pg, "queues")
+    names = ("pgqueuer_upgrade", "pgqueuer_statistics")
+    keys = pgqueuer_takes_its_locks(exporter, pg, start_client, py_clients, database, "", names)
+    # As the catalog says (crc32 of the queue table's name; hashtext of the statistics
+    # table's), and the exporter named both as the library took them.
+    assert keys == PgQueuerKeys(upgrade=2389487409, statistics_text="pgqueuer_statistics")

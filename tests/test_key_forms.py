@@ -164,13 +164,22 @@ def test_a_catalog_namespace_gives_way_to_the_users_pair_inside_it() -> None:
 # -- The worked examples of docs/configuration.md ------------------------------------------
 
 
+def _examples_section() -> str:
+    return DOCS.read_text().split("### Keys that libraries compute", 1)[1].split("\n## ", 1)[0]
+
+
+def worked_examples_yaml() -> list[dict[str, Any]]:
+    """The `keys` of the docs' "Keys that libraries compute", as the file gives them."""
+    block = _examples_section().split("```yaml\n", 1)[1].split("```", 1)[0]
+    keys: list[dict[str, Any]] = yaml.safe_load(block)["keys"]
+    return keys
+
+
 def worked_examples() -> tuple[list[KeyConfig], dict[str, tuple[str, str]]]:
     """The entries of the docs' "Keys that libraries compute", and for each its table row:
     the database it is in (or "any"), and the lock it names."""
-    section = DOCS.read_text().split("### Keys that libraries compute", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
-    configs = [KeyConfig.model_validate(entry) for entry in yaml.safe_load(block)["keys"]]
-    rows = re.findall(r"^\| `(\w+)` \| `?(\w+)`? \| `([^`]+)`", section, re.MULTILINE)
+    configs = [KeyConfig.model_validate(entry) for entry in worked_examples_yaml()]
+    rows = re.findall(r"^\| `(\w+)` \| `?(\w+)`? \| `([^`]+)`", _examples_section(), re.MULTILINE)
     return configs, {name: (database, key) for name, database, key in rows}
 
 
