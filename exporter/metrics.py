@@ -153,8 +153,7 @@ SPECS = {
             "pg_advisory_server_lock_wait_seconds_total",
             "counter",
             ("target",),
-            "The time those counted waits took (pg_stat_lock.wait_time, PostgreSQL 19 and "
-            "later).",
+            "The time those counted waits took (pg_stat_lock.wait_time, PostgreSQL 19 and later).",
         ),
         MetricSpec(
             "pg_advisory_server_info",

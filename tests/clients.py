@@ -201,6 +201,26 @@ class StartClient(Protocol):
     ) -> Client: ...
 
 
+# ActiveRecord::MigrationContext#migrate, as `rails db:migrate` runs it (ActiveRecord 6.1,
+# whose Migrator takes the lock on a connection of its own).
+RAILS_MIGRATE = """
+require "active_record"
+ActiveRecord::Base.establish_connection(
+  adapter: "postgresql", host: ENV["PGHOST"], port: ENV["PGPORT"],
+  username: ENV["PGUSER"], password: ENV["PGPASSWORD"], database: ARGV[0]
+)
+ActiveRecord::MigrationContext.new("db/migrate", ActiveRecord::SchemaMigration).migrate
+puts "migrated with ActiveRecord #{ActiveRecord::VERSION::STRING}"
+"""
+RAILS_MIGRATION = """
+class TouchBlocker < ActiveRecord::Migration[6.1]
+  def up
+    execute "UPDATE blocker SET n = n + 1 WHERE id = 1"
+  end
+end
+"""
+
+
 # -- What they run against ------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
+import shutil
 import threading
 import time
 import urllib.parse
@@ -17,6 +17,15 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from clients import (
+    RAILS_MIGRATE,
+    RAILS_MIGRATION,
+    StartClient,
+    client_environment,
+    database_url,
+    fresh_database,
+    row_locked,
+)
 from log_events import fill_lock_table
 from pgbouncer import SESSION_POOL, STATS_PASSWORD, PgBouncer
 from support import (
@@ -28,15 +37,6 @@ from support import (
     StartService,
     start_prometheus,
     wait_until,
-)
-from test_catalog_clients import (
-    RAILS_MIGRATE,
-    RAILS_MIGRATION,
-    _client_environment,
-    _fresh_database,
-    _installed,
-    _row_locked,
-    node_pg_migrate,  # noqa: F401  (a fixture)
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
@@ -348,36 +348,31 @@ def test_a_long_rails_migration_pages_as_stuck_and_never_as_a_leak(
     pg: EmbeddedPostgres,
     webhook: Webhook,
     start_service: StartService,
+    start_client: StartClient,
     tmp_path: Path,
     cli: Cli,
 ) -> None:
     """ActiveRecord 6.1 takes its migration lock on a connection of its own, which sits idle
     while the migration runs on another: past the leak threshold, only the stuck alert may
     page, once, on how long the lock has been held."""
+    ruby = shutil.which("ruby")
+    assert ruby, "ruby is not installed (the test command installs Debian's packages)"
     exporter = start_exporter(config=one_target(monitor_dsn, name="orders"))
     rules = _migration_rules(cli, tmp_path, "4s")
     prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
-    database = _fresh_database(pg, "inventory")
+    database = fresh_database(pg, "inventory")
     app = tmp_path / "app"
     (app / "db" / "migrate").mkdir(parents=True)
     (app / "db" / "migrate" / "20240101000000_touch_blocker.rb").write_text(RAILS_MIGRATION)
     (app / "migrate.rb").write_text(RAILS_MIGRATE)
-    with _row_locked(pg, database):
-        rails = subprocess.Popen(
-            [_installed("ruby"), "migrate.rb", database],
-            cwd=app,
-            env=_client_environment(pg),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            stuck = webhook.wait_for("PgAdvisoryMigrationLockStuck", "firing")
-            # The leak's threshold and `for` passed long ago; a few evaluations more.
-            time.sleep(3)
-            assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []
-        finally:
-            rails.kill()
-            rails.wait()
+    with row_locked(pg, database):
+        rails = start_client("rails", [ruby, "migrate.rb", database], client_environment(pg), app)
+        stuck = webhook.wait_for("PgAdvisoryMigrationLockStuck", "firing")
+        assert rails.running()
+        # The leak's threshold and `for` passed long ago; a few evaluations more.
+        time.sleep(3)
+        assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []
+    rails.finish()
     labels = stuck["labels"]
     assert (labels["key"], labels["datname"], labels["target"]) == (
         "rails_migration",
@@ -403,7 +398,8 @@ def test_a_migration_of_short_statements_held_past_the_threshold_pages(
     pg: EmbeddedPostgres,
     webhook: Webhook,
     start_service: StartService,
-    node_pg_migrate: Path,  # noqa: F811  (the fixture, imported above)
+    npm_clients: Path,
+    start_client: StartClient,
     tmp_path: Path,
     cli: Cli,
 ) -> None:
@@ -412,28 +408,18 @@ def test_a_migration_of_short_statements_held_past_the_threshold_pages(
     exporter = start_exporter(config=one_target(monitor_dsn, name="orders"))
     rules = _migration_rules(cli, tmp_path, "3s")
     prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
-    database = _fresh_database(pg, "shipping")
+    database = fresh_database(pg, "shipping")
     (tmp_path / "migrations").mkdir()
     (tmp_path / "migrations" / "1700000000000_many-statements.js").write_text(
         NODE_MIGRATION_OF_SHORT_STATEMENTS
     )
-    env = {
-        **_client_environment(pg),
-        "DATABASE_URL": f"postgres://postgres:{pg.password}@127.0.0.1:{pg.port}/{database}",
-    }
-    migrate = subprocess.Popen(
-        [str(node_pg_migrate), "up", "-m", "migrations"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
+    env = {**client_environment(pg), "DATABASE_URL": database_url(pg, database)}
+    migrate = start_client(
+        "node-pg-migrate", [npm_clients / ".bin" / "node-pg-migrate", "up", "-m", "migrations"], env
     )
-    try:
-        stuck = webhook.wait_for("PgAdvisoryMigrationLockStuck", "firing")
-        assert migrate.poll() is None, "it paged only once the migration had ended"
-    finally:
-        migrate.wait(timeout=60)
-    assert migrate.returncode == 0
+    stuck = webhook.wait_for("PgAdvisoryMigrationLockStuck", "firing")
+    assert migrate.running(), "it paged only once the migration had ended"
+    migrate.finish()
     assert (stuck["labels"]["key"], stuck["labels"]["datname"]) == ("node_pg_migrate", database)
     assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []
     webhook.wait_for("PgAdvisoryMigrationLockStuck", "resolved")

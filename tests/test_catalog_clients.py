@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from clients import (
+    RAILS_MIGRATE,
+    RAILS_MIGRATION,
     Client,
     Level,
     PgQueuerKeys,
@@ -72,26 +74,6 @@ def _migrates(watch: Watch, pg: EmbeddedPostgres, start: Callable[[], Client]) -
     with pg.connect(watch.datname) as conn:
         assert conn.execute("SELECT n FROM blocker WHERE id = 1").fetchone() == (1,), output
     return holder, output
-
-
-# ActiveRecord::MigrationContext#migrate, as `rails db:migrate` runs it (ActiveRecord 6.1,
-# whose Migrator takes the lock on a connection of its own).
-RAILS_MIGRATE = """
-require "active_record"
-ActiveRecord::Base.establish_connection(
-  adapter: "postgresql", host: ENV["PGHOST"], port: ENV["PGPORT"],
-  username: ENV["PGUSER"], password: ENV["PGPASSWORD"], database: ARGV[0]
-)
-ActiveRecord::MigrationContext.new("db/migrate", ActiveRecord::SchemaMigration).migrate
-puts "migrated with ActiveRecord #{ActiveRecord::VERSION::STRING}"
-"""
-RAILS_MIGRATION = """
-class TouchBlocker < ActiveRecord::Migration[6.1]
-  def up
-    execute "UPDATE blocker SET n = n + 1 WHERE id = 1"
-  end
-end
-"""
 
 
 def test_activerecord_migration_lock(

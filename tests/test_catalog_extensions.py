@@ -117,19 +117,13 @@ END $$
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pg_repack's key is judged as any lock: its idle holder feeds "
-    "pg_advisory_idle_holder_max_seconds, and PgAdvisoryLockLeaked pages after 15m of index builds",
-)
 def test_pg_repack_with_jobs_is_no_leak_while_its_workers_build_indexes(
     exporter: RunningExporter, pg: EmbeddedPostgres, session: Session, start_client: StartClient
 ) -> None:
     """With --jobs, pg_repack's workers build the table's indexes on connections of their own
     while the connection that holds its lock sits idle, outside any transaction, for as long
     as the builds take (hours, on a large table): it is at work, not a leaked lock, as Rails'
-    lock connection is. Expected to fail while the catalog judges pg_repack's key as any lock
-    (the reason above)."""
+    lock connection is (the catalog's idle_holder)."""
     database, pg_repack, _ = _repackable(pg, GATE, "CREATE INDEX orders_gate ON orders (gate(id))")
     session("gatekeeper", dbname=database).execute("SELECT pg_advisory_lock(4242)")
     command: list[str | Path] = [

@@ -82,6 +82,9 @@ class CatalogEntry:
     per_database: Callable[[str], int] | None = None  # database name -> key
     form: KeyConfig | None = None  # a registry form (its name is replaced by the entry's)
     default: bool = True  # on unless the configuration lists the entries to keep
+    # Its holder sits idle on purpose while the work runs on other connections (besides a
+    # migration's, which may): never a leaked lock.
+    idle_holder: bool = False
 
     def describe(self) -> dict[str, str]:
         """The entry as the table of docs/configuration.md shows it."""
@@ -101,10 +104,11 @@ class CatalogEntry:
 
     def config(self, **fields: object) -> KeyConfig:
         """A registry entry for this entry's key (built without validation: the tests check
-        that every one validates): a catalog migration key is long-lived, its holder never
-        counted as a leak."""
+        that every one validates): a migration's key, and one whose holder idles on purpose,
+        is long-lived, its holder never counted as a leak."""
         base = self.form if self.form is not None else KeyConfig.model_construct(name=self.name)
-        update = {"name": self.name, "level": self.lock_level, "long_lived": self.migration}
+        long_lived = self.migration or self.idle_holder
+        update = {"name": self.name, "level": self.lock_level, "long_lived": long_lived}
         return base.model_copy(update={**update, **fields})
 
     @property
@@ -405,7 +409,9 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     # pg_repack 1.4 (read in Debian 12's postgresql-15-repack 1.4.8, bin/pg_repack): while it
     # repacks one table, its connection holds SELECT pg_try_advisory_lock($1, CAST(-2147483648
     # + $2::bigint AS integer)) with REPACK_LOCK_PREFIX 16185446 and the table's oid, so that
-    # two runs never repack one table; released when the table is done.
+    # two runs never repack one table; released when the table is done. With --jobs, workers
+    # build the indexes on connections of their own while that connection sits idle, for as
+    # long as the builds take (tests/test_catalog_extensions.py).
     CatalogEntry(
         name="pg_repack",
         library="pg_repack (one lock per table being repacked)",
@@ -415,6 +421,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         kind="maintenance",
         lock_level="session",
         form=KeyConfig.model_construct(name="_", namespace=16185446),
+        idle_holder=True,
     ),
     # pg_partman 4.7 (read in Debian 12's postgresql-15-partman 4.7.2, pg_partman--4.7.2.sql):
     # each function or procedure keys a try-lock with hashtext() of a fixed text, which the
