@@ -130,7 +130,7 @@ def resolve_registry(
                 keys, partial(_hash_texts, conn), catalog_keys, note, databases
             )
         except (psycopg.Error, _OddAnswer) as exc:
-            _without("the keys that hashtext() computes", exc, conn, note)
+            _without("the keys that hashtext() and hashtextextended() compute", exc, conn, note)
             complete = False
             registry = Registry.resolve(keys, None, catalog_keys, note, databases)
     except ValueError as exc:

@@ -29,6 +29,7 @@ class VersionedRead:
     name: str
     since: int  # server_version_num
     columns: str  # select-list items of `totals`, each after a comma
+    series: tuple[str, ...]  # what it is exported as (absent from older servers)
 
 
 # pg_stat_lock has one row per lock type; wait_time is in milliseconds. As text, like the
@@ -40,6 +41,7 @@ ADVISORY_LOCK_WAITS = VersionedRead(
         (SELECT pg_catalog.json_build_array(s.waits, s.wait_time)
            FROM pg_catalog.pg_stat_lock AS s
           WHERE s.locktype = 'advisory')::text AS advisory_lock_waits""",
+    ("pg_advisory_server_lock_waits_total", "pg_advisory_server_lock_wait_seconds_total"),
 )
 
 # Newest last.
