@@ -41,9 +41,9 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     [
         (
             {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "dsnn": EXAMPLE_DSN}]},
-            "targets[0].dsnn: unknown field",
+            "targets[0] (a).dsnn: unknown field",
         ),
-        ({"targets": [{"name": "a"}]}, "targets[0].dsn: required field is missing"),
+        ({"targets": [{"name": "a"}]}, "targets[0] (a).dsn: required field is missing"),
         ({"targets": []}, "targets: "),
         (
             {
@@ -78,11 +78,12 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
                     }
                 ]
             },
-            "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
+            "targets[0] (a).collection.application_name_rewrites[0].pattern: bad regular "
+            "expression",
         ),
         (
             {"targets": [{"name": "a", "dsn": EXAMPLE_DSN}, {"name": "a", "dsn": EXAMPLE_DSN}]},
-            "target name 'a' is used twice",
+            "target name 'a' is used twice: by targets[0] and targets[1]",
         ),
         (
             {"targets": [{"name": "no spaces", "dsn": EXAMPLE_DSN}]},
@@ -105,6 +106,76 @@ def test_file_errors_name_the_file_and_the_path(
     assert expected in message
 
 
+ORDERS = {"name": "orders", "dsn": EXAMPLE_DSN}
+
+
+@pytest.mark.parametrize(
+    ("billing", "expected"),
+    [
+        ({"dsn": "host=db password=x", "password_file": "/p"}, "targets[1] (billing): give the"),
+        ({"dsn": EXAMPLE_DSN, "collection": {"min_interval": "soon"}},
+         "targets[1] (billing).collection.min_interval: 'soon' is not a duration"),
+        ({"dsn": EXAMPLE_DSN, "keys": [{"name": "k", "key": 1}, {"name": "k", "key": 2}]},
+         "targets[1] (billing).keys: "),
+        ({"dsn": EXAMPLE_DSN, "poolers": [{"name": "pgb"}]},
+         "targets[1] (billing).poolers[0] (pgb): give exactly one of admin_dsn or addresses"),
+        ({"dsn": "host=db port=y"}, "targets[1] (billing).dsn: malformed DSN"),
+        ({"dsn": EXAMPLE_DSN, "dsnn": 1}, "targets[1] (billing).dsnn: unknown field"),
+    ],
+)  # fmt: skip
+def test_errors_name_a_target_by_its_position_and_its_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], billing: Config, expected: str
+) -> None:
+    path = write_config(tmp_path, {"targets": [ORDERS, {"name": "billing", **billing}]})
+    assert f"{path}: {expected}" in _error(capsys, "--config.file", str(path))
+
+
+def test_errors_name_a_target_where_the_file_alone_says_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key given twice (found before anything is built), a name or a log that two targets
+    share, a registry that clashes with the top level's: each says which target."""
+    twice = f"targets:\n  - name: orders\n    dsn: {EXAMPLE_DSN}\n    dsn: host=other\n"
+    path = write_config(tmp_path, twice)
+    message = _error(capsys, "--config.file", str(path))
+    assert f"{path}: targets[0] (orders): key 'dsn' is given twice (lines 3 and 4)" in message
+    log = {"path": str(tmp_path), "format": "csvlog"}
+    for document, expected in [
+        ({"targets": [ORDERS, {**ORDERS, "dsn": "host=other"}]},
+         "targets: target name 'orders' is used twice: by targets[0] and targets[1]"),
+        ({"targets": [{**ORDERS, "server_log": log},
+                      {"name": "billing", "dsn": EXAMPLE_DSN, "server_log": log}]},
+         "targets[1] (billing).server_log: '"),
+        ({"keys": [{"name": "leader", "key": 42}],
+          "targets": [ORDERS, {"name": "billing", "dsn": EXAMPLE_DSN,
+                               "keys": [{"name": "again", "key": 42}]}]},
+         "targets[1] (billing).keys: keys 'leader' (key 42) and 'again' (key 42)"),
+    ]:  # fmt: skip
+        path = write_config(tmp_path, document)
+        assert expected in _error(capsys, "--config.file", str(path)), document
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a b", "x" * 10_000, "evil\nlevel=error msg=forged", 5, None, ["list"], "-leading"],
+    ids=["space", "long", "newline", "number", "null", "list", "leading dash"],
+)
+def test_a_name_no_target_could_have_is_never_repeated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: object
+) -> None:
+    """An invalid name is reported at its position alone, beside a valid one named: the
+    message never carries a megabyte, a line break that forges a log line, or a value that
+    is no name."""
+    document = {"targets": [{**ORDERS, "oops": 1}, {"name": name, "dsn": "host=db port=y"}]}
+    path = write_config(tmp_path, document)
+    message = _error(capsys, "--config.file", str(path))
+    assert f"{path}: targets[0] (orders).oops: unknown field" in message
+    assert f"{path}: targets[1].dsn: malformed DSN" in message
+    assert f"{path}: targets[1].name: " in message
+    assert "forged" not in message
+    assert "x" * 100 not in message
+
+
 def test_malformed_dsn_is_named_without_its_password(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -112,7 +183,7 @@ def test_malformed_dsn_is_named_without_its_password(
         tmp_path, {"targets": [{"name": "a", "dsn": "postgresql://u:s3cr%zzet@[::1/db"}]}
     )
     message = _error(capsys, "--config.file", str(path))
-    assert "targets[0].dsn: malformed DSN" in message
+    assert "targets[0] (a).dsn: malformed DSN" in message
     assert "s3cr" not in message
 
 
@@ -123,7 +194,7 @@ def test_unreadable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         tmp_path, {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "password_file": str(missing)}]}
     )
     message = _error(capsys, "--config.file", str(path))
-    assert f"targets[0]: cannot read password_file {missing}" in message
+    assert f"targets[0] (a): cannot read password_file {missing}" in message
 
 
 def test_password_in_both_places(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,7 +293,7 @@ def test_the_real_command_exits_2_on_a_bad_configuration(tmp_path: Path, cli: Cl
     path = write_config(tmp_path, {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "extra": 1}]})
     result = cli("--config.file", str(path))
     assert result.returncode == 2
-    assert f"{path}: targets[0].extra: unknown field" in result.stderr
+    assert f"{path}: targets[0] (a).extra: unknown field" in result.stderr
 
 
 def test_check_exits_non_zero_when_it_cannot_connect(cli: Cli) -> None:
@@ -295,11 +366,11 @@ ONE_TARGET = f"targets:\n  - name: a\n    dsn: {EXAMPLE_DSN}\n"
         ),
         (
             ONE_TARGET + "    collection: {connect_timeout: true}\n",
-            "targets[0].collection.connect_timeout: True is not a duration",
+            "targets[0] (a).collection.connect_timeout: True is not a duration",
         ),
         (
             ONE_TARGET + "    dsn: host=other\n",
-            "targets[0]: key 'dsn' is given twice (lines 3 and 4)",
+            "targets[0] (a): key 'dsn' is given twice (lines 3 and 4)",
         ),
         (
             "web:\n  telemetry_path: /a\nlog: {level: info}\nweb:\n  telemetry_path: /b\n"
@@ -309,7 +380,7 @@ ONE_TARGET = f"targets:\n  - name: a\n    dsn: {EXAMPLE_DSN}\n"
         (
             ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
             "        - {pattern: 'a', replacement: 'b', pattern: 'c'}\n",
-            "targets[0].collection.application_name_rewrites[0]: key 'pattern' is given twice",
+            "targets[0] (a).collection.application_name_rewrites[0]: key 'pattern' is given twice",
         ),
         ("a: " + "[" * 50_000 + "]" * 50_000 + "\n" + ONE_TARGET, "nest"),
         ("a: " + "[" * 65 + "]" * 65 + "\n" + ONE_TARGET, "nested more than 64 levels deep"),
@@ -327,12 +398,14 @@ ONE_TARGET = f"targets:\n  - name: a\n    dsn: {EXAMPLE_DSN}\n"
         (
             ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
             "        - {pattern: '(?=web)(.+)', replacement: '\\1'}\n",
-            "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
+            "targets[0] (a).collection.application_name_rewrites[0].pattern: bad regular "
+            "expression",
         ),
         (
             ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
             "        - {pattern: '(\\w+)-\\1', replacement: '\\1'}\n",
-            "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
+            "targets[0] (a).collection.application_name_rewrites[0].pattern: bad regular "
+            "expression",
         ),
         (
             ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
@@ -419,7 +492,7 @@ def test_no_piece_of_a_password_in_a_malformed_dsn_message(tmp_path: Path, cli: 
             cli, PG_ADVISORY_EXPORTER_DSN=LEAKY_DSN
         ),
         "environment variable DATA_SOURCE_NAME": _refused(cli, DATA_SOURCE_NAME=LEAKY_DSN),
-        f"{path}: targets[0].dsn": _refused(cli, "--config.file", str(path)),
+        f"{path}: targets[0] (a).dsn": _refused(cli, "--config.file", str(path)),
     }
     for source, message in messages.items():
         assert f'{source}: malformed DSN: missing "=" after' in message
@@ -514,7 +587,10 @@ def test_one_server_log_is_read_by_one_target(tmp_path: Path) -> None:
     document["targets"].append({"name": "c", "dsn": EXAMPLE_DSN, "server_log": log})
     with pytest.raises(
         ConfigError,
-        match=re.escape("targets: server_log '/var/log/postgresql (csvlog)' is used twice"),
+        match=re.escape(
+            "targets: targets[2] (c).server_log: '/var/log/postgresql (csvlog)' is used twice: "
+            "targets[0] (a) reads it too"
+        ),
     ):
         load_config(tmp_path, document)
 
@@ -533,8 +609,10 @@ def test_one_server_log_under_two_spellings_or_in_its_folder_is_refused(tmp_path
         }
 
     for second in (tmp_path / "link", folder / ".." / "log"):
-        with pytest.raises(ConfigError, match=r"server_log '.*' is used twice"):
+        with pytest.raises(
+            ConfigError, match=r"targets\[1\] \(t1\).server_log: '.*' is used twice"
+        ):
             load_config(tmp_path, targets(folder, second))
-    with pytest.raises(ConfigError, match=r"are one log: one holds the other"):
+    with pytest.raises(ConfigError, match=r"targets\[0\] \(t0\)'s .* are one log: one holds"):
         load_config(tmp_path, targets(folder / "postgresql.log", folder))
     assert len(load_config(tmp_path, targets(folder, tmp_path / "other")).targets) == 2

@@ -164,7 +164,7 @@ def test_reload_adds_removes_and_keeps_unchanged_targets(
     config_path.write_text("targets: [{name: a, dsn: 'host=x', oops: 1}]")
     status, body = exporter.get("/-/reload", method="POST")
     assert status == 500
-    assert "targets[0].oops: unknown field" in body
+    assert "targets[0] (a).oops: unknown field" in body
     assert exporter.scrape().label_values("target") == {"a", "c"}
     assert "reload refused" in exporter.log()
     assert exporter.get("/-/reload")[0] == 405

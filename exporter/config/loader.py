@@ -38,7 +38,7 @@ from pg_advisory_exporter.config.sources import (
 )
 from pg_advisory_exporter.fleet.sharding import Shard, ordinal_of
 from pg_advisory_exporter.keys.registry import check_configs
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.schema import ConfigError, step
 from pg_advisory_exporter.yaml_file import read_model
 
 
@@ -51,7 +51,7 @@ def read_file(path: Path) -> FileConfig:
         try:
             check_configs(file.keys + target.keys)
         except ValueError as exc:
-            raise ConfigError(f"{path}: targets[{i}].keys: {exc}") from None
+            raise ConfigError(f"{path}: {step('targets', i, target.name)}.keys: {exc}") from None
     if not file.targets and not file.auth_modules:
         raise ConfigError(
             f"{path}: targets: list at least one server, or give auth_modules for the servers "

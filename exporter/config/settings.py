@@ -28,7 +28,7 @@ from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.fleet.sharding import Shard
 from pg_advisory_exporter.keys.catalog import CatalogChoice
 from pg_advisory_exporter.keys.registry import KeyConfig
-from pg_advisory_exporter.schema import Strict
+from pg_advisory_exporter.schema import Strict, step
 
 
 class TargetSettings(Strict):
@@ -128,7 +128,7 @@ def same_server_notes(path: Path | None, targets: Sequence[TargetConfig]) -> tup
         if len(indexes) < 2:
             continue
         first, others = indexes[0], indexes[1:]
-        named = ", ".join(f"targets[{i}].dsn ({targets[i].name})" for i in others[:_NAMED])
+        named = ", ".join(f"{step('targets', i, targets[i].name)}.dsn" for i in others[:_NAMED])
         more = f" and {len(others) - _NAMED} more" if len(others) > _NAMED else ""
         notes.append(
             f"{path}: {named}{more}: the same server as target {targets[first].name!r} "
