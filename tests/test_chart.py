@@ -693,7 +693,8 @@ def test_passwords_are_mounted_from_existing_secrets() -> None:
         "reports-db-credentials",
     ]
     for volume in volumes:
-        assert volume["secret"]["optional"] is False
+        # A Secret or key missing downs its target only: the pod starts, the others run.
+        assert volume["secret"]["optional"] is True
         assert volume["secret"]["defaultMode"] == 0o440
     shared = next(v["secret"] for v in volumes if v["secret"]["secretName"] == "pg-monitor")
     assert [item["key"] for item in shared["items"]] == ["billing", "orders"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 import typing
@@ -20,6 +21,11 @@ from support import (
 )
 
 from pg_advisory_exporter.cli import main
+from pg_advisory_exporter.config.dsn import (
+    MAX_PASSWORD_BYTES,
+    password_file_problem,
+    with_password,
+)
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.config.sources import Given, Settings, read_flags, settings_from
@@ -140,7 +146,7 @@ def test_errors_name_a_target_where_the_file_alone_says_which(
     message = _error(capsys, "--config.file", str(path))
     assert f"{path}: targets[0] (orders): key 'dsn' is given twice (lines 3 and 4)" in message
     log = {"path": str(tmp_path), "format": "csvlog"}
-    for document, expected in [
+    cases: list[tuple[Config, str]] = [
         ({"targets": [ORDERS, {**ORDERS, "dsn": "host=other"}]},
          "targets: target name 'orders' is used twice: by targets[0] and targets[1]"),
         ({"targets": [{**ORDERS, "server_log": log},
@@ -150,7 +156,8 @@ def test_errors_name_a_target_where_the_file_alone_says_which(
           "targets": [ORDERS, {"name": "billing", "dsn": EXAMPLE_DSN,
                                "keys": [{"name": "again", "key": 42}]}]},
          "targets[1] (billing).keys: keys 'leader' (key 42) and 'again' (key 42)"),
-    ]:  # fmt: skip
+    ]  # fmt: skip
+    for document, expected in cases:
         path = write_config(tmp_path, document)
         assert expected in _error(capsys, "--config.file", str(path)), document
 
@@ -187,14 +194,79 @@ def test_malformed_dsn_is_named_without_its_password(
     assert "s3cr" not in message
 
 
-def test_unreadable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreadable_configuration_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "nope.yaml"
     assert "cannot read the configuration file" in _error(capsys, "--config.file", str(missing))
-    path = write_config(
-        tmp_path, {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "password_file": str(missing)}]}
-    )
-    message = _error(capsys, "--config.file", str(path))
-    assert f"targets[0] (a): cannot read password_file {missing}" in message
+
+
+def _unreadable_password_files(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Password files that cannot give a password, by kind: each path and why not."""
+    large = folder / "large"
+    large.write_bytes(b"x" * (MAX_PASSWORD_BYTES + 1))
+    binary = folder / "binary"
+    binary.write_bytes(b"pass\xffword\n")
+    return {
+        "missing": (folder / "missing", "No such file or directory"),
+        "folder": (folder, "Is a directory"),
+        "large": (large, f"larger than {MAX_PASSWORD_BYTES // 1024} KiB: not a password file"),
+        "binary": (binary, "is not UTF-8 text (byte 0xff at offset 4)"),
+        "device": (Path("/dev/zero"), "larger than"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "large", "binary", "device"])
+def test_a_password_file_that_cannot_be_read_is_a_warning_not_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A Secret not mounted yet (or a wrong path) downs what it is for, not the exporter:
+    --config.check says so and exits 0; the configuration loads, every target in it."""
+    bad, why = _unreadable_password_files(tmp_path)[kind]
+    good = tmp_path / "good"
+    good.write_text("pw\n")
+    pooler = {"name": "pgb", "admin_dsn": "host=pgb dbname=pgbouncer", "password_file": str(bad)}
+    document = {
+        "targets": [
+            {"name": "orders", "dsn": EXAMPLE_DSN, "password_file": str(good)},
+            {"name": "billing", "dsn": EXAMPLE_DSN, "password_file": str(bad),
+             "poolers": [pooler]},
+        ],
+        "auth_modules": {"fleet": {"user": "m", "password_file": str(bad),
+                                   "allowed_targets": ["10.0.0.0/8"]}},
+    }  # fmt: skip
+    path = write_config(tmp_path, document)
+    assert main(["--config.file", str(path), "--config.check"]) == 0
+    printed = capsys.readouterr().out
+    assert "configuration is valid: 2 target(s): orders, billing" in printed
+    warnings = [line for line in printed.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 3, printed
+    for where, effect in [
+        ("targets[1] (billing)", "the target is down"),
+        ("targets[1] (billing).poolers[0] (pgb)", "the pooler is down"),
+        ("auth_modules.fleet", "its probes fail"),
+    ]:
+        line = next(w for w in warnings if w.startswith(f"warning: {path}: {where}.password_file"))
+        assert str(bad) in line
+        assert why in line
+        assert line.endswith(f"; {effect} until it can be read")
+    config = load_config_file(path)
+    assert [t.name for t in config.targets] == ["orders", "billing"]
+    assert len(config.warnings) == 3
+    with pytest.raises(ValueError, match=re.escape(why)):  # as each connect reads it
+        config.targets[1].conninfo()
+    assert "password=pw" in config.targets[0].conninfo().replace("'", "")
+
+
+def test_a_password_file_that_never_answers_is_not_waited_for(tmp_path: Path) -> None:
+    """A FIFO with no writer: opened without blocking, it gives an empty password at once
+    (which the server then refuses) instead of holding the start or a connection."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    assert password_file_problem(fifo) is None
+    assert "password=''" in with_password("host=db", fifo)
+    assert time.monotonic() - started < 1
 
 
 def test_password_in_both_places(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

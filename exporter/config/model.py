@@ -366,11 +366,6 @@ class AuthModuleConfig(Strict):
             )
         return entries
 
-    @model_validator(mode="after")
-    def _password_file_readable(self) -> AuthModuleConfig:
-        check_password_source("", self.password_file)
-        return self
-
 
 class DiscoveredTargetsSettings(Strict):
     """Limits on the targets that probes name through an auth module."""

@@ -111,6 +111,9 @@ class Config:
     # What is valid but worth a word, each located: --config.check prints them, the daemon
     # logs them when it starts and at each reload.
     notes: tuple[str, ...] = ()
+    # What the running exporter reports as a target's (or pooler's, or module's) failure,
+    # each located (a password file that cannot be read now): --config.check warns of them.
+    warnings: tuple[str, ...] = ()
 
 
 # Targets named in a note about one server, before "and N more".
