@@ -144,6 +144,7 @@ def load(flags: Mapping[str, object]) -> Config:
             for target in file.targets
         ),
         max_parallel_collections=file.max_parallel_collections,
+        config_file=settings.config.file,
         shard=_shard(settings.shard, shard_origin),
         notes=same_server_notes(settings.config.file, file.targets),
         warnings=_unreadable_secrets(settings.config.file, file),

@@ -102,6 +102,8 @@ class Config:
     log: LogConfig
     targets: tuple[TargetSettings, ...]
     max_parallel_collections: int = DEFAULT_PARALLEL_COLLECTIONS
+    # The file read (--config.file), if any: its reloads are reported in series.
+    config_file: Path | None = None
     # The daemon collects only the targets of its shard; `check` reads them all.
     shard: Shard = dataclasses.field(default_factory=Shard)
     auth_modules: Mapping[str, AuthModuleSettings] = dataclasses.field(default_factory=dict)
