@@ -96,15 +96,15 @@ class _Source:
         return frozenset(self.columns) | written, any(_star(value) for _, value in row)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Index:
     """A level's FROM items by name and by column, those whose star passes on columns
     not written, and whether one is a table whose columns are not known."""
 
-    by_name: dict[str, list[_Source]]
-    by_column: dict[str, list[_Source]]
-    starred: list[_Source]
-    tables: bool
+    by_name: dict[str, list[_Source]] = field(default_factory=dict)
+    by_column: dict[str, list[_Source]] = field(default_factory=dict)
+    starred: list[_Source] = field(default_factory=list)
+    tables: bool = False
 
 
 @dataclass(eq=False)
@@ -131,13 +131,13 @@ class _Scope:
 
     def index(self) -> _Index:
         if self._index is None:
-            index = _Index({}, {}, [], tables=False)
+            index = _Index()
             for source in self.sources:
                 if source.name is not None:
                     index.by_name.setdefault(source.name, []).append(source)
                 found = source.names()
                 if found is None:
-                    index = _Index(index.by_name, index.by_column, index.starred, tables=True)
+                    index.tables = True
                     continue
                 for column in found[0]:
                     index.by_column.setdefault(column, []).append(source)
