@@ -35,6 +35,7 @@ from pg_advisory_exporter.config.model import (
     CollectionSettings,
     LogConfig,
     RewriteRuleConfig,
+    ServerLogSettings,
     WebConfig,
 )
 from pg_advisory_exporter.config.settings import Config, TargetSettings
@@ -53,9 +54,16 @@ EXIT_USAGE = 2  # as a bad flag, and as the exporter's configuration errors
 BILLING_DB = "billing"
 # A small server, so that the bulk import's 2,000 locks fill a visible share of its lock table.
 # pg_stat_statements for check's and /locks' risky statements (signup-api keys with hashtext()).
+# Its log in csvlog (every supported version writes it) under the data directory, which the
+# demo's exporter follows for what no snapshot shows (payments-worker's misplaced unlock).
+SERVER_LOG_DIRECTORY = "log"
 SERVER_SETTINGS: dict[str, str | int] = {
     "max_connections": 40,
     "shared_preload_libraries": "pg_stat_statements",
+    "logging_collector": "on",
+    "log_destination": "csvlog",
+    "log_directory": SERVER_LOG_DIRECTORY,
+    "lc_messages": "C",  # the exporter reads the server's English words
 }
 SUMMARY_INTERVAL = 5.0
 SCRAPE_TIMEOUT = 10.0
@@ -89,6 +97,13 @@ REBALANCE_TIMEOUT_SQL = "SET LOCAL lock_timeout = '8s'"
 # Transaction-level: a session lock taken here would survive the ROLLBACK after a timeout.
 REBALANCE_LOCK_SQL = "SELECT pg_advisory_xact_lock(2001, 81234)"
 REBALANCE_PAUSE = 1.5
+
+# A job that takes its session lock on one connection of its driver's pool and unlocks on
+# another: the unlock finds nothing to release (the server logs "you don't own a lock"), and
+# the lock stays on the first until the job's own clean-up there.
+PAYMENTS_LOCK_SQL = "SELECT pg_advisory_lock(5550001)"
+PAYMENTS_UNLOCK_SQL = "SELECT pg_advisory_unlock(5550001)"
+PAYMENTS_HOLD, PAYMENTS_STRANDED, PAYMENTS_PAUSE = 3.0, 4.0, 5.0
 
 LEADER_LOCK_SQL = "SELECT pg_advisory_lock(42)"
 # ActiveRecord's migration lock on database billing, as Rails takes it (2053462845 times the
@@ -190,6 +205,17 @@ def _in_transactions(
             stage.stop.wait(pause)
 
 
+def _payments_worker(stage: _Stage) -> None:
+    with stage.session("payments-worker") as first, stage.session("payments-worker") as second:
+        while not stage.stop.is_set():
+            first.execute(PAYMENTS_LOCK_SQL)
+            stage.stop.wait(PAYMENTS_HOLD)
+            second.execute(PAYMENTS_UNLOCK_SQL)  # the wrong connection: logged, nothing released
+            stage.stop.wait(PAYMENTS_STRANDED)
+            first.execute(PAYMENTS_UNLOCK_SQL)
+            stage.stop.wait(PAYMENTS_PAUSE)
+
+
 def _rebalancer(stage: _Stage) -> None:
     with stage.session("rebalancer") as conn:
         while not stage.stop.is_set():
@@ -230,6 +256,8 @@ PLAYS = (
     _READER,
     _READER,
     _Play("rebalancer", "waits for (2001, 81234) exclusive, gives up after 8s", _rebalancer),
+    _Play("payments-worker", "session lock 5550001, unlocked on another pooled connection",
+          _payments_worker),
     _holder("leader-elector", "session lock 42 in database billing", LEADER_LOCK_SQL, BILLING_DB),
     _holder("billing-cron", "session lock -6110350855857795459 in database billing",
             BILLING_CRON_LOCK_SQL, BILLING_DB),
@@ -247,16 +275,22 @@ KEYS = (
     KeyConfig(name="signup", namespace=1001),
     KeyConfig(name="account_rebalance", namespace=2001),
     KeyConfig(name="bulk_import", namespace=900000),
+    KeyConfig(name="payments_settlement", key=5550001),
     KeyConfig(name="billing_leader", key=42, databases=(BILLING_DB,), long_lived=True,
               expect_held=True),
 )  # fmt: skip
 
 
-def demo_config(web: WebConfig, dsn: str) -> Config:
+def demo_config(web: WebConfig, dsn: str, server_log: Path | None = None) -> Config:
+    """The demo's exporter: one target, following the server's log in `server_log` (its
+    log_directory) where given."""
     collection = CollectionSettings(
         min_interval=2, statements_interval=60, application_name_rewrites=(POD_SUFFIX,)
     )
-    target = TargetSettings(name="demo", dsn=dsn, collection=collection, keys=KEYS, catalog=True)
+    log = None if server_log is None else ServerLogSettings(path=server_log, format="csvlog")
+    target = TargetSettings(
+        name="demo", dsn=dsn, collection=collection, keys=KEYS, catalog=True, server_log=log
+    )
     return Config(web=web, log=LogConfig(), targets=(target,))
 
 
@@ -392,6 +426,17 @@ def _registered_keys(samples: Sequence[Sample]) -> str:
     return "key holders: " + (", ".join(keys) or "none")
 
 
+def _server_log(samples: Sequence[Sample]) -> str:
+    unlocks = [
+        f"{_who(s)} {s.value:.0f}"
+        for s in _named(samples, "pg_advisory_log_unlocks_not_held_total")
+        if s.value > 0
+    ]
+    if not any(s.value == 1 for s in _named(samples, "pg_advisory_log_up")):
+        return "server log: not read yet"
+    return "server log, unlocks of a lock not held: " + (", ".join(unlocks) or "none")
+
+
 def _summary(samples: Sequence[Sample]) -> list[str]:
     """A few lines a person can read every few seconds, from one scrape."""
     if not any(s.value == 1 for s in _named(samples, "pg_advisory_up")):
@@ -402,6 +447,7 @@ def _summary(samples: Sequence[Sample]) -> list[str]:
         "  " + _waiters(samples),
         "  " + _most_locks(samples),
         "  " + _registered_keys(samples),
+        "  " + _server_log(samples),
     ]
 
 
@@ -419,7 +465,7 @@ def _run(pg_version: int, web: WebConfig, stop: threading.Event, cleanup: ExitSt
     pg = EmbeddedPostgres(major=pg_version)
     cleanup.callback(_remove, pg)
     _say(f"data directory: {pg.basedir}")
-    config = demo_config(web, pg.dsn())
+    config = demo_config(web, pg.dsn(), pg.datadir / SERVER_LOG_DIRECTORY)
     config_file = _write_config_file(config, pg.basedir)
     daemon = _start_exporter(config)
     cleanup.callback(daemon.shutdown)

@@ -188,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"configuration is valid: {len(config.targets)} target(s): {names}")
         for note in config.notes:
             print(f"note: {note}")
+        # Valid, but what the daemon would start with down (exit status 0: a Secret may be
+        # mounted only where it runs).
+        for warning in config.warnings:
+            print(f"warning: {warning}")
         if config.auth_modules:
             print(f"auth modules for discovered targets: {', '.join(config.auth_modules)}")
         if web is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -21,6 +22,7 @@ from .http.collector import ExporterCollector
 from .http.discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefused
 from .http.web_access import WebAccess
 from .http.web_config import WebSettings
+from .metrics import Sample, config_reload
 from .schema import ConfigError
 
 log = logs.named("daemon")
@@ -45,6 +47,9 @@ class Daemon:
         self.pool = CollectionPool(config.max_parallel_collections)
         self._watchdog = Watchdog()  # every collection's deadline
         self._reload_lock = threading.Lock()
+        # The last reload's outcome, and when the configuration last took effect (the start
+        # first): one tuple, replaced whole, for the scrapes that read it meanwhile.
+        self._reloaded: tuple[bool, float] = (True, time.time())
         # The configured targets' servers by identity: two targets that reach one server
         # under two names read it once.
         self._directory = Directory()
@@ -62,8 +67,11 @@ class Daemon:
         self._access = None if web is None else WebAccess(web)
         self.collectors = CollectorRegistry()  # prometheus_client's, not the key registry
         web_samples = None if self._access is None else self._access.samples
+        config_samples = None if config.config_file is None else self._reload_samples
         self.collectors.register(
-            ExporterCollector(self.targets, self.pool, lambda: self.config.shard, web_samples)
+            ExporterCollector(
+                self.targets, self.pool, lambda: self.config.shard, web_samples, config_samples
+            )
         )
         ProcessCollector(registry=self.collectors)
         self.collectors.register(DiscoveredCollector(self._discovered))
@@ -179,12 +187,20 @@ class Daemon:
                 log.error(
                     "reload refused; the running configuration stays", extra={"error": str(exc)}
                 )
+                self._reloaded = (False, self._reloaded[1])
                 return str(exc)
             except Exception:  # a bug must not take down the exporter that is running
                 log.exception("reload failed; the running configuration stays")
+                self._reloaded = (False, self._reloaded[1])
                 return "internal error, see the exporter's log"
             self._apply(config)
+            self._reloaded = (True, time.time())
         return None
+
+    def _reload_samples(self) -> list[Sample]:
+        """pg_advisory_exporter_config_last_reload_*: the last reload's outcome, and when
+        the configuration file last took effect."""
+        return config_reload(*self._reloaded)
 
     def _apply(self, config: Config) -> None:
         for setting in ("web", "max_parallel_collections"):

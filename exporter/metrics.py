@@ -262,6 +262,20 @@ SPECS = {
             "pg_advisory_exporter_build_info", "gauge", ("version", "python_version"), "Always 1."
         ),
         MetricSpec(
+            "pg_advisory_exporter_config_last_reload_successful",
+            "gauge",
+            (),
+            "1 if the last reload of the configuration file (--config.file) took effect, 0 "
+            "if it was refused and the previous configuration stays; absent without the file.",
+        ),
+        MetricSpec(
+            "pg_advisory_exporter_config_last_reload_success_timestamp_seconds",
+            "gauge",
+            (),
+            "Unix time the configuration file (--config.file) last took effect: the start, "
+            "or the last reload that succeeded; absent without the file.",
+        ),
+        MetricSpec(
             "pg_advisory_exporter_web_config_last_reload_successful",
             "gauge",
             (),
@@ -402,6 +416,15 @@ def locks_page_info(target: str, url: str) -> Sample:
 
 def build_info(version: str, python_version: str) -> Sample:
     return Sample("pg_advisory_exporter_build_info", (version, python_version), 1)
+
+
+def config_reload(successful: bool, success_unix: float) -> list[Sample]:
+    return [
+        Sample("pg_advisory_exporter_config_last_reload_successful", (), successful),
+        Sample(
+            "pg_advisory_exporter_config_last_reload_success_timestamp_seconds", (), success_unix
+        ),
+    ]
 
 
 def web_config_reload(successful: bool) -> Sample:

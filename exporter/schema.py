@@ -168,11 +168,40 @@ class ConfigError(Exception):
     """A configuration that cannot be used; the message names the source and the problem."""
 
 
-def location(loc: Sequence[int | str]) -> str:
-    """Where in a document a validation error is: "targets[0].collection.min_interval"."""
+# A name repeated in a message beside its item's position: the names a file may give (a
+# target's, a pooler's, a key's), not whatever an invalid one holds (a megabyte, a newline).
+_SHOWN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}")
+
+
+def item_name(item: object) -> str | None:
+    """The `name` of a list's item (a target, a pooler, a key), to say which it is beside
+    its position; None where it has none, or one no valid name looks like."""
+    name = item.get("name") if isinstance(item, Mapping) else None
+    return name if isinstance(name, str) and _SHOWN_NAME.fullmatch(name) else None
+
+
+def step(path: str, part: int | str, name: str | None = None) -> str:
+    """`path` one level further: an item of a list by its position and, if it has one, its
+    name ("targets[1] (billing)"); a mapping's field by its key."""
+    if isinstance(part, int):
+        return f"{path}[{part}]" + (f" ({name})" if name else "")
+    return f"{path}.{part}" if path else str(part)
+
+
+def location(loc: Sequence[int | str], document: object = None) -> str:
+    """Where in a document a validation error is: "targets[0].collection.min_interval", or
+    with the document the file gave, each named item of a list by its name too:
+    "targets[1] (billing).collection.min_interval"."""
     path = ""
+    at = document
     for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        if isinstance(part, int):
+            inside = isinstance(at, list | tuple) and -len(at) <= part < len(at)
+            at = at[part] if inside else None  # type: ignore[index]
+            path = step(path, part, item_name(at))
+        else:
+            path = step(path, part)
+            at = at.get(part) if isinstance(at, Mapping) else None
     return path or "(top level)"
 
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .schema import ConfigError, describe_error, location
+from .schema import ConfigError, describe_error, item_name, location, step
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -115,17 +115,29 @@ def _check_events(text: str, path: Path) -> None:
         )
 
 
+def _node_name(node: yaml.Node) -> str | None:
+    """The `name` a mapping's node gives itself (a target's), before anything is built."""
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    for key, value in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.value == "name":
+            return item_name({"name": value.value if isinstance(value, yaml.ScalarNode) else None})
+    return None
+
+
 def _check_unique_keys(root: yaml.Node, path: Path) -> None:
     """Refuse a mapping that gives a key twice, which YAML loaders resolve silently."""
     seen: set[int] = set()  # an alias refers to a node again: walk it once
-    pending: list[tuple[yaml.Node, tuple[int | str, ...]]] = [(root, ())]
+    pending: list[tuple[yaml.Node, str]] = [(root, "")]
     while pending:
         node, at = pending.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
         if isinstance(node, yaml.SequenceNode):
-            pending.extend((item, (*at, i)) for i, item in enumerate(node.value))
+            pending.extend(
+                (item, step(at, i, _node_name(item))) for i, item in enumerate(node.value)
+            )
         elif isinstance(node, yaml.MappingNode):
             lines: dict[str, int] = {}
             # A key that is a list or a mapping is refused when the document is built.
@@ -135,11 +147,11 @@ def _check_unique_keys(root: yaml.Node, path: Path) -> None:
                 line = key.start_mark.line + 1
                 if key.value in lines:
                     raise ConfigError(
-                        f"{path}: {location(at)}: key {key.value!r} is given twice "
+                        f"{path}: {at or '(top level)'}: key {key.value!r} is given twice "
                         f"(lines {lines[key.value]} and {line})"
                     )
                 lines[key.value] = line
-                pending.append((value, (*at, key.value)))
+                pending.append((value, step(at, key.value)))
 
 
 def _parse(text: str, path: Path) -> object:
@@ -184,7 +196,8 @@ def read_model(
     problem: Callable[[Mapping[str, Any]], str] = describe_error,
 ) -> M:
     """The file at `path` read as `model`: a ConfigError names the file and, for each thing
-    wrong, where in the file it is (`FILE: targets[1].dsn: ...`) and `problem`'s words for
+    wrong, where in the file it is (`FILE: targets[1] (billing).dsn: ...`, a named item of a
+    list by its position and name) and `problem`'s words for
     it. An empty file is what `if_empty` gives (or raises), else an error."""
     data = read_yaml(path, what)
     if data is None:
@@ -195,5 +208,5 @@ def read_model(
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
-            "\n".join(f"{path}: {location(e['loc'])}: {problem(e)}" for e in exc.errors())
+            "\n".join(f"{path}: {location(e['loc'], data)}: {problem(e)}" for e in exc.errors())
         ) from None

@@ -58,6 +58,8 @@
     exporter_down_for: '5m',
     // a changed web configuration file refused this long warns
     web_config_refused_for: '10m',
+    // a reload of the configuration file refused this long warns
+    config_refused_for: '10m',
     // a shard of a sharded exporter without a replica this long pages
     shards_missing_for: '15m',
     // replicas of one job that disagree on --shard.total this long warn

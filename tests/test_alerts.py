@@ -29,6 +29,7 @@ CONTRACT_ALERTS = {
     "PgAdvisoryTargetDown",
     "PgAdvisoryExporterDown",
     "PgAdvisoryExporterWebConfigRefused",
+    "PgAdvisoryExporterConfigRefused",
     "PgAdvisoryExporterShardsMissing",
     "PgAdvisoryExporterShardingMismatch",
     "PgAdvisoryKeyNotHeld",

@@ -181,7 +181,7 @@ def test_unknown_entries_are_located_and_the_names_listed(
     message = _check_config(
         tmp_path, {"targets": [{**target, "catalog": ["sqitch", "sqitch"]}]}, capsys
     )
-    assert "FILE: targets[0].catalog: catalog entry 'sqitch' is listed twice" in message
+    assert "FILE: targets[0] (a).catalog: catalog entry 'sqitch' is listed twice" in message
     message = _check_config(tmp_path, {"catalog": "yes", "targets": [target]}, capsys)
     assert "FILE: catalog: expected true, false or a list of catalog entry names" in message
 

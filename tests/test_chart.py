@@ -4,10 +4,12 @@ the job the alert rules expect, and with a configuration file the exporter accep
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import importlib
 import json
+import os
 import re
 import sys
 import urllib.parse
@@ -99,15 +101,28 @@ def render_files(values: Values) -> dict[str, str]:
     return _render_json(json.dumps(values, sort_keys=True))
 
 
-def render(values: Values) -> list[Document]:
-    """The manifests a release of these values would apply."""
-    return [
+# libyaml's loader where PyYAML has it: the same documents, read several times faster.
+_YAML_LOADER: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)
+
+
+@functools.cache
+def _documents(values_json: str) -> tuple[Document, ...]:
+    """The manifests of a render, read once: most tests render one of a few value sets."""
+    return tuple(
         document
-        for path, text in sorted(render_files(values).items())
+        for path, text in sorted(_render_json(values_json).items())
         if path.endswith(".yaml")
-        for document in yaml.safe_load_all(text)
+        for document in yaml.load_all(text, Loader=_YAML_LOADER)
         if document
-    ]
+    )
+
+
+def render(values: Values) -> list[Document]:
+    """The manifests a release of these values would apply (a copy of their own: a test may
+    change what it is given)."""
+    return copy.deepcopy(list(_documents(json.dumps(values, sort_keys=True))))
 
 
 def only(documents: list[Document], kind: str) -> Document:
@@ -332,19 +347,38 @@ def _as_the_api_server_checks(node: Any) -> Any:
     return node
 
 
+CRD_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+
+
+def _models_json_schemas() -> dict[str, Any]:
+    """The models' JSON schemas of CRD_KINDS, as pydantic makes them. Importing the models
+    builds two megabytes of pydantic classes (seconds of CPU in every process that runs
+    one of these tests), so the schemas are kept beside them, under a name that is the hash
+    of the models' source: a reinstall of other models makes them anew."""
+    source = CRD_MODELS_DIR.joinpath(*OPERATOR_MODELS.split(".")).with_suffix(".py")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    kept = CRD_MODELS_DIR / f"json-schemas-{digest}.json"
+    if kept.exists():
+        schemas: dict[str, Any] = json.loads(kept.read_text())
+        return schemas
+    sys.path.append(str(CRD_MODELS_DIR))
+    models = importlib.import_module(OPERATOR_MODELS)
+    schemas = {kind: getattr(models, kind).model_json_schema(by_alias=True) for kind in CRD_KINDS}
+    partial = kept.with_suffix(f".{os.getpid()}.tmp")  # another worker may write it too
+    partial.write_text(json.dumps(schemas))
+    partial.replace(kept)
+    return schemas
+
+
 @pytest.fixture(scope="session")  # read-only, and costly: once, whatever the order
 def crd_schemas() -> dict[str, Any]:
     """JSON schemas of ServiceMonitor, PodMonitor and PrometheusRule from their CRDs."""
     assert (CRD_MODELS_DIR / "cloudcoil").is_dir(), (
         f"the CRD models are not installed (the test command installs them): {CRD_MODELS_INSTALL}"
     )
-    sys.path.append(str(CRD_MODELS_DIR))
-    models = importlib.import_module(OPERATOR_MODELS)
     return {
-        kind: jsonschema.Draft202012Validator(
-            _as_the_api_server_checks(getattr(models, kind).model_json_schema(by_alias=True))
-        )
-        for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+        kind: jsonschema.Draft202012Validator(_as_the_api_server_checks(schema))
+        for kind, schema in _models_json_schemas().items()
     }
 
 
@@ -693,7 +727,8 @@ def test_passwords_are_mounted_from_existing_secrets() -> None:
         "reports-db-credentials",
     ]
     for volume in volumes:
-        assert volume["secret"]["optional"] is False
+        # A Secret or key missing downs its target only: the pod starts, the others run.
+        assert volume["secret"]["optional"] is True
         assert volume["secret"]["defaultMode"] == 0o440
     shared = next(v["secret"] for v in volumes if v["secret"]["secretName"] == "pg-monitor")
     assert [item["key"] for item in shared["items"]] == ["billing", "orders"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 import typing
@@ -20,6 +21,11 @@ from support import (
 )
 
 from pg_advisory_exporter.cli import main
+from pg_advisory_exporter.config.dsn import (
+    MAX_PASSWORD_BYTES,
+    password_file_problem,
+    with_password,
+)
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.config.sources import Given, Settings, read_flags, settings_from
@@ -41,9 +47,9 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     [
         (
             {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "dsnn": EXAMPLE_DSN}]},
-            "targets[0].dsnn: unknown field",
+            "targets[0] (a).dsnn: unknown field",
         ),
-        ({"targets": [{"name": "a"}]}, "targets[0].dsn: required field is missing"),
+        ({"targets": [{"name": "a"}]}, "targets[0] (a).dsn: required field is missing"),
         ({"targets": []}, "targets: "),
         (
             {
@@ -78,11 +84,12 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
                     }
                 ]
             },
-            "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
+            "targets[0] (a).collection.application_name_rewrites[0].pattern: bad regular "
+            "expression",
         ),
         (
             {"targets": [{"name": "a", "dsn": EXAMPLE_DSN}, {"name": "a", "dsn": EXAMPLE_DSN}]},
-            "target name 'a' is used twice",
+            "target name 'a' is used twice: by targets[0] and targets[1]",
         ),
         (
             {"targets": [{"name": "no spaces", "dsn": EXAMPLE_DSN}]},
@@ -105,6 +112,77 @@ def test_file_errors_name_the_file_and_the_path(
     assert expected in message
 
 
+ORDERS = {"name": "orders", "dsn": EXAMPLE_DSN}
+
+
+@pytest.mark.parametrize(
+    ("billing", "expected"),
+    [
+        ({"dsn": "host=db password=x", "password_file": "/p"}, "targets[1] (billing): give the"),
+        ({"dsn": EXAMPLE_DSN, "collection": {"min_interval": "soon"}},
+         "targets[1] (billing).collection.min_interval: 'soon' is not a duration"),
+        ({"dsn": EXAMPLE_DSN, "keys": [{"name": "k", "key": 1}, {"name": "k", "key": 2}]},
+         "targets[1] (billing).keys: "),
+        ({"dsn": EXAMPLE_DSN, "poolers": [{"name": "pgb"}]},
+         "targets[1] (billing).poolers[0] (pgb): give exactly one of admin_dsn or addresses"),
+        ({"dsn": "host=db port=y"}, "targets[1] (billing).dsn: malformed DSN"),
+        ({"dsn": EXAMPLE_DSN, "dsnn": 1}, "targets[1] (billing).dsnn: unknown field"),
+    ],
+)  # fmt: skip
+def test_errors_name_a_target_by_its_position_and_its_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], billing: Config, expected: str
+) -> None:
+    path = write_config(tmp_path, {"targets": [ORDERS, {"name": "billing", **billing}]})
+    assert f"{path}: {expected}" in _error(capsys, "--config.file", str(path))
+
+
+def test_errors_name_a_target_where_the_file_alone_says_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key given twice (found before anything is built), a name or a log that two targets
+    share, a registry that clashes with the top level's: each says which target."""
+    twice = f"targets:\n  - name: orders\n    dsn: {EXAMPLE_DSN}\n    dsn: host=other\n"
+    path = write_config(tmp_path, twice)
+    message = _error(capsys, "--config.file", str(path))
+    assert f"{path}: targets[0] (orders): key 'dsn' is given twice (lines 3 and 4)" in message
+    log = {"path": str(tmp_path), "format": "csvlog"}
+    cases: list[tuple[Config, str]] = [
+        ({"targets": [ORDERS, {**ORDERS, "dsn": "host=other"}]},
+         "targets: target name 'orders' is used twice: by targets[0] and targets[1]"),
+        ({"targets": [{**ORDERS, "server_log": log},
+                      {"name": "billing", "dsn": EXAMPLE_DSN, "server_log": log}]},
+         "targets[1] (billing).server_log: '"),
+        ({"keys": [{"name": "leader", "key": 42}],
+          "targets": [ORDERS, {"name": "billing", "dsn": EXAMPLE_DSN,
+                               "keys": [{"name": "again", "key": 42}]}]},
+         "targets[1] (billing).keys: keys 'leader' (key 42) and 'again' (key 42)"),
+    ]  # fmt: skip
+    for document, expected in cases:
+        path = write_config(tmp_path, document)
+        assert expected in _error(capsys, "--config.file", str(path)), document
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a b", "x" * 10_000, "evil\nlevel=error msg=forged", 5, None, ["list"], "-leading"],
+    ids=["space", "long", "newline", "number", "null", "list", "leading dash"],
+)
+def test_a_name_no_target_could_have_is_never_repeated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: object
+) -> None:
+    """An invalid name is reported at its position alone, beside a valid one named: the
+    message never carries a megabyte, a line break that forges a log line, or a value that
+    is no name."""
+    document = {"targets": [{**ORDERS, "oops": 1}, {"name": name, "dsn": "host=db port=y"}]}
+    path = write_config(tmp_path, document)
+    message = _error(capsys, "--config.file", str(path))
+    assert f"{path}: targets[0] (orders).oops: unknown field" in message
+    assert f"{path}: targets[1].dsn: malformed DSN" in message
+    assert f"{path}: targets[1].name: " in message
+    assert "forged" not in message
+    assert "x" * 100 not in message
+
+
 def test_malformed_dsn_is_named_without_its_password(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -112,18 +190,83 @@ def test_malformed_dsn_is_named_without_its_password(
         tmp_path, {"targets": [{"name": "a", "dsn": "postgresql://u:s3cr%zzet@[::1/db"}]}
     )
     message = _error(capsys, "--config.file", str(path))
-    assert "targets[0].dsn: malformed DSN" in message
+    assert "targets[0] (a).dsn: malformed DSN" in message
     assert "s3cr" not in message
 
 
-def test_unreadable_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unreadable_configuration_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "nope.yaml"
     assert "cannot read the configuration file" in _error(capsys, "--config.file", str(missing))
-    path = write_config(
-        tmp_path, {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "password_file": str(missing)}]}
-    )
-    message = _error(capsys, "--config.file", str(path))
-    assert f"targets[0]: cannot read password_file {missing}" in message
+
+
+def _unreadable_password_files(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Password files that cannot give a password, by kind: each path and why not."""
+    large = folder / "large"
+    large.write_bytes(b"x" * (MAX_PASSWORD_BYTES + 1))
+    binary = folder / "binary"
+    binary.write_bytes(b"pass\xffword\n")
+    return {
+        "missing": (folder / "missing", "No such file or directory"),
+        "folder": (folder, "Is a directory"),
+        "large": (large, f"larger than {MAX_PASSWORD_BYTES // 1024} KiB: not a password file"),
+        "binary": (binary, "is not UTF-8 text (byte 0xff at offset 4)"),
+        "device": (Path("/dev/zero"), "larger than"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "large", "binary", "device"])
+def test_a_password_file_that_cannot_be_read_is_a_warning_not_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A Secret not mounted yet (or a wrong path) downs what it is for, not the exporter:
+    --config.check says so and exits 0; the configuration loads, every target in it."""
+    bad, why = _unreadable_password_files(tmp_path)[kind]
+    good = tmp_path / "good"
+    good.write_text("pw\n")
+    pooler = {"name": "pgb", "admin_dsn": "host=pgb dbname=pgbouncer", "password_file": str(bad)}
+    document = {
+        "targets": [
+            {"name": "orders", "dsn": EXAMPLE_DSN, "password_file": str(good)},
+            {"name": "billing", "dsn": EXAMPLE_DSN, "password_file": str(bad),
+             "poolers": [pooler]},
+        ],
+        "auth_modules": {"fleet": {"user": "m", "password_file": str(bad),
+                                   "allowed_targets": ["10.0.0.0/8"]}},
+    }  # fmt: skip
+    path = write_config(tmp_path, document)
+    assert main(["--config.file", str(path), "--config.check"]) == 0
+    printed = capsys.readouterr().out
+    assert "configuration is valid: 2 target(s): orders, billing" in printed
+    warnings = [line for line in printed.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 3, printed
+    for where, effect in [
+        ("targets[1] (billing)", "the target is down"),
+        ("targets[1] (billing).poolers[0] (pgb)", "the pooler is down"),
+        ("auth_modules.fleet", "its probes fail"),
+    ]:
+        line = next(w for w in warnings if w.startswith(f"warning: {path}: {where}.password_file"))
+        assert str(bad) in line
+        assert why in line
+        assert line.endswith(f"; {effect} until it can be read")
+    config = load_config_file(path)
+    assert [t.name for t in config.targets] == ["orders", "billing"]
+    assert len(config.warnings) == 3
+    with pytest.raises(ValueError, match=re.escape(why)):  # as each connect reads it
+        config.targets[1].conninfo()
+    assert "password=pw" in config.targets[0].conninfo().replace("'", "")
+
+
+def test_a_password_file_that_never_answers_is_not_waited_for(tmp_path: Path) -> None:
+    """A FIFO with no writer: opened without blocking, it gives an empty password at once
+    (which the server then refuses) instead of holding the start or a connection."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    assert password_file_problem(fifo) is None
+    assert "password=''" in with_password("host=db", fifo)
+    assert time.monotonic() - started < 1
 
 
 def test_password_in_both_places(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,7 +365,7 @@ def test_the_real_command_exits_2_on_a_bad_configuration(tmp_path: Path, cli: Cl
     path = write_config(tmp_path, {"targets": [{"name": "a", "dsn": EXAMPLE_DSN, "extra": 1}]})
     result = cli("--config.file", str(path))
     assert result.returncode == 2
-    assert f"{path}: targets[0].extra: unknown field" in result.stderr
+    assert f"{path}: targets[0] (a).extra: unknown field" in result.stderr
 
 
 def test_check_exits_non_zero_when_it_cannot_connect(cli: Cli) -> None:
@@ -295,11 +438,11 @@ ONE_TARGET = f"targets:\n  - name: a\n    dsn: {EXAMPLE_DSN}\n"
         ),
         (
             ONE_TARGET + "    collection: {connect_timeout: true}\n",
-            "targets[0].collection.connect_timeout: True is not a duration",
+            "targets[0] (a).collection.connect_timeout: True is not a duration",
         ),
         (
             ONE_TARGET + "    dsn: host=other\n",
-            "targets[0]: key 'dsn' is given twice (lines 3 and 4)",
+            "targets[0] (a): key 'dsn' is given twice (lines 3 and 4)",
         ),
         (
             "web:\n  telemetry_path: /a\nlog: {level: info}\nweb:\n  telemetry_path: /b\n"
@@ -309,7 +452,7 @@ ONE_TARGET = f"targets:\n  - name: a\n    dsn: {EXAMPLE_DSN}\n"
         (
             ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
             "        - {pattern: 'a', replacement: 'b', pattern: 'c'}\n",
-            "targets[0].collection.application_name_rewrites[0]: key 'pattern' is given twice",
+            "targets[0] (a).collection.application_name_rewrites[0]: key 'pattern' is given twice",
         ),
         ("a: " + "[" * 50_000 + "]" * 50_000 + "\n" + ONE_TARGET, "nest"),
         ("a: " + "[" * 65 + "]" * 65 + "\n" + ONE_TARGET, "nested more than 64 levels deep"),
@@ -327,12 +470,14 @@ ONE_TARGET = f"targets:\n  - name: a\n    dsn: {EXAMPLE_DSN}\n"
         (
             ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
             "        - {pattern: '(?=web)(.+)', replacement: '\\1'}\n",
-            "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
+            "targets[0] (a).collection.application_name_rewrites[0].pattern: bad regular "
+            "expression",
         ),
         (
             ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
             "        - {pattern: '(\\w+)-\\1', replacement: '\\1'}\n",
-            "targets[0].collection.application_name_rewrites[0].pattern: bad regular expression",
+            "targets[0] (a).collection.application_name_rewrites[0].pattern: bad regular "
+            "expression",
         ),
         (
             ONE_TARGET + "    collection:\n      application_name_rewrites:\n"
@@ -419,7 +564,7 @@ def test_no_piece_of_a_password_in_a_malformed_dsn_message(tmp_path: Path, cli: 
             cli, PG_ADVISORY_EXPORTER_DSN=LEAKY_DSN
         ),
         "environment variable DATA_SOURCE_NAME": _refused(cli, DATA_SOURCE_NAME=LEAKY_DSN),
-        f"{path}: targets[0].dsn": _refused(cli, "--config.file", str(path)),
+        f"{path}: targets[0] (a).dsn": _refused(cli, "--config.file", str(path)),
     }
     for source, message in messages.items():
         assert f'{source}: malformed DSN: missing "=" after' in message
@@ -514,7 +659,10 @@ def test_one_server_log_is_read_by_one_target(tmp_path: Path) -> None:
     document["targets"].append({"name": "c", "dsn": EXAMPLE_DSN, "server_log": log})
     with pytest.raises(
         ConfigError,
-        match=re.escape("targets: server_log '/var/log/postgresql (csvlog)' is used twice"),
+        match=re.escape(
+            "targets: targets[2] (c).server_log: '/var/log/postgresql (csvlog)' is used twice: "
+            "targets[0] (a) reads it too"
+        ),
     ):
         load_config(tmp_path, document)
 
@@ -533,8 +681,10 @@ def test_one_server_log_under_two_spellings_or_in_its_folder_is_refused(tmp_path
         }
 
     for second in (tmp_path / "link", folder / ".." / "log"):
-        with pytest.raises(ConfigError, match=r"server_log '.*' is used twice"):
+        with pytest.raises(
+            ConfigError, match=r"targets\[1\] \(t1\).server_log: '.*' is used twice"
+        ):
             load_config(tmp_path, targets(folder, second))
-    with pytest.raises(ConfigError, match=r"are one log: one holds the other"):
+    with pytest.raises(ConfigError, match=r"targets\[0\] \(t0\)'s .* are one log: one holds"):
         load_config(tmp_path, targets(folder / "postgresql.log", folder))
     assert len(load_config(tmp_path, targets(folder, tmp_path / "other")).targets) == 2

@@ -67,11 +67,14 @@ def test_the_dashboard_shows_every_series_of_the_contract() -> None:
     exprs = " ".join(t["expr"] for p in panels(_committed()) for t in p["targets"])
     unused = {name for name in SPECS if not re.search(rf"\b{name}\{{", exprs)}
     # Build information and the server version are labels to look up, not something to watch;
-    # a refused web configuration reload is an alert's matter (PgAdvisoryExporterWebConfigRefused).
+    # a refused reload is an alert's matter (PgAdvisoryExporterWebConfigRefused,
+    # PgAdvisoryExporterConfigRefused).
     assert unused == {
         "pg_advisory_exporter_build_info",
         "pg_advisory_server_info",
         "pg_advisory_exporter_web_config_last_reload_successful",
+        "pg_advisory_exporter_config_last_reload_successful",
+        "pg_advisory_exporter_config_last_reload_success_timestamp_seconds",
     }
 
 

@@ -1,4 +1,5 @@
-"""The demo run as `make demo` runs it: the scenarios show up in its metrics."""
+"""The demo run as `make demo` runs it: the scenarios show up in its metrics, the server's
+log's events too."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ EXPECTED: dict[str, Callable[[Scrape], bool]] = {
         "pg_advisory_key_holders", key="nightly_billing", datname="postgres"
     ),
     "a signup waits in the signup namespace": _has("pg_advisory_key_waiters", key="signup"),
+    "the server's log tells of payments-worker's unlock on the wrong connection": _has(
+        "pg_advisory_log_unlocks_not_held_total",
+        application_name="payments-worker",
+        datname="postgres",
+    ),
 }
 
 

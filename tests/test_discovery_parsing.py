@@ -162,7 +162,6 @@ def test_a_module_without_allowed_targets_is_a_located_error(tmp_path: Path) -> 
         ({"options": {"host": "x"}}, "auth_modules.fleet.options: host: an auth module's"),
         ({"options": {"password": "x"}}, "auth_modules.fleet.options: password:"),
         ({"dbname": "a b"}, "auth_modules.fleet.dbname: "),
-        ({"password_file": "/nonexistent"}, "auth_modules.fleet: cannot read password_file"),
         ({"collection": {"min_interval": "soon"}}, "auth_modules.fleet.collection.min_interval"),
     ],
 )

@@ -164,7 +164,7 @@ def test_reload_adds_removes_and_keeps_unchanged_targets(
     config_path.write_text("targets: [{name: a, dsn: 'host=x', oops: 1}]")
     status, body = exporter.get("/-/reload", method="POST")
     assert status == 500
-    assert "targets[0].oops: unknown field" in body
+    assert "targets[0] (a).oops: unknown field" in body
     assert exporter.scrape().label_values("target") == {"a", "c"}
     assert "reload refused" in exporter.log()
     assert exporter.get("/-/reload")[0] == 405
@@ -178,6 +178,51 @@ def test_reload_adds_removes_and_keeps_unchanged_targets(
     assert renamed.value("pg_advisory_key_holders", target="a", key="billing") == 1
     assert renamed.find("pg_advisory_key_holders", key="nightly_billing") == []
     assert renamed.label_values("target") == {"a"}
+
+
+RELOADED = "pg_advisory_exporter_config_last_reload_successful"
+RELOADED_AT = "pg_advisory_exporter_config_last_reload_success_timestamp_seconds"
+
+
+def test_a_refused_reload_is_in_the_series_until_a_good_one(
+    start_exporter: StartExporter, monitor_dsn: str
+) -> None:
+    """The file broken (an unknown field, then bad YAML) and reloaded by SIGHUP and over
+    HTTP: the series says 0 and the time of the configuration still running; fixed and
+    reloaded, 1 and the reload's time. Without a file, neither series."""
+    started = time.time()
+    exporter = start_exporter("--web.enable-lifecycle", config=_config({"a": monitor_dsn}))
+    config_path = next(exporter.log_path.parent.glob(f"config-{exporter.port}.yaml"))
+    good = config_path.read_text()
+    first = exporter.scrape()
+    assert first.value(RELOADED) == 1
+    loaded = first.value(RELOADED_AT)
+    assert started - 1 <= loaded <= time.time()
+
+    config_path.write_text(good + "oops: 1\n")
+    exporter.process.send_signal(signal.SIGHUP)
+    refused = exporter.scrape_until(lambda s: s.value(RELOADED) == 0)
+    assert refused.value(RELOADED_AT) == loaded
+    assert refused.value("pg_advisory_up", target="a") == 1  # the previous one runs
+    assert "reload refused" in exporter.log()
+    config_path.write_text("targets: [unclosed")
+    status, body = exporter.get("/-/reload", method="POST")
+    assert status == 500
+    assert "not valid YAML" in body
+    still = exporter.scrape()
+    assert (still.value(RELOADED), still.value(RELOADED_AT)) == (0, loaded)
+
+    config_path.write_text(good)
+    assert exporter.get("/-/reload", method="POST")[0] == 200
+    fixed = exporter.scrape()
+    assert fixed.value(RELOADED) == 1
+    assert loaded < fixed.value(RELOADED_AT) <= time.time()
+    assert exporter.process.poll() is None
+
+    # Without a file (--dsn), there is no reload of one to report.
+    without = start_exporter("--dsn", monitor_dsn).scrape()
+    assert without.value("pg_advisory_up", target="default") == 1
+    assert without.find(RELOADED) == without.find(RELOADED_AT) == []
 
 
 def test_many_targets_are_collected_at_once(

@@ -248,6 +248,49 @@ def test_risky_statements_are_named_and_their_safe_forms_are_not(
     assert "Risky statements in pg_stat_statements (4)" in listing
 
 
+# A hash beside a lock, or filtering its rows, and hashes that compute the key (through a
+# pair's second half, a cast, an expression, a CTE), each statement on a table of its own.
+HASH_BESIDE = {
+    "beside": "SELECT hashtext(name), pg_advisory_xact_lock(id) FROM beside",
+    "filtering": "SELECT pg_advisory_xact_lock(id) FROM filtering WHERE hashtext(name) <> 7",
+}
+HASH_KEYED = {
+    "pair": "SELECT pg_advisory_lock(1001, hashtext(name)) FROM pair",
+    "cast": "SELECT pg_advisory_xact_lock(hashtext(name || 'x')::bigint) FROM cast_key",
+    "expression": "SELECT pg_advisory_lock((hashtext(name) & 65535)::bigint + 1) FROM expression",
+    "cte": "WITH k AS (SELECT hashtext(name) AS h FROM cte) SELECT pg_advisory_lock(k.h) FROM k",
+}
+
+
+def test_a_hash_is_a_key_only_where_it_computes_a_locks_argument(
+    server: EmbeddedPostgres,
+) -> None:
+    """The issue's two lookalikes and the true forms, run by a client and read back from the
+    server's pg_stat_statements (constants normalised to $n) by the real reader."""
+    tables = ["beside", "filtering", "pair", "cast_key", "expression", "cte"]
+    with server.connect() as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        for table in tables:
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (id int, name text)")
+            conn.execute(f"INSERT INTO {table} SELECT g, 'n' || g FROM generate_series(1, 3) g")
+        conn.execute("SELECT pg_stat_statements_reset()")
+    with psycopg.connect(server.dsn(), autocommit=True, application_name="keys") as client:
+        for statement in [*HASH_BESIDE.values(), *HASH_KEYED.values()]:
+            assert client.execute(statement).fetchall()
+            client.execute("SELECT pg_advisory_unlock_all()")
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        found = read_statements(prepare_session(conn, CollectionSettings()))
+    assert found.ok, found.error
+    keyed = {
+        next(t for t in tables if re.search(rf"\b{t}\b", risky.text))
+        for risky in found.risky
+        if Rule.HASHTEXT_KEY in risky.rules
+    }
+    assert keyed == {"pair", "cast_key", "expression", "cte"}, found.risky
+    normalised = [r.text for r in found.risky if "$1" in r.text]
+    assert normalised, found.risky  # the texts are the server's, constants replaced
+
+
 def test_a_database_without_the_extension_says_so_once(
     server: EmbeddedPostgres, caplog: pytest.LogCaptureFixture
 ) -> None:

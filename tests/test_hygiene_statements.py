@@ -1,13 +1,16 @@
 """Risky advisory-lock statements: each rule's forms and their safe rewrites (the manual's
 examples, queues, UPDATE and DELETE, CTEs, set operations, joins) as pg_stat_statements
 shows them, lookalikes that the parser tells apart (comments, strings, other schemas' and
-quoted functions, hashtextextended), and hostile texts (too long, cut, too deep, NUL, lone
-surrogates, a spent budget), none of which may raise."""
+quoted functions, hashtextextended, a hash beside a lock rather than in its key), and
+hostile texts (too long, cut, too deep, NUL, lone surrogates, a spent budget, a key traced
+through thousands of levels), none of which may raise."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 from pglast import parser
@@ -144,14 +147,16 @@ def rules(text: str) -> set[Rule]:
         ),
         # An unlock takes nothing.
         ("SELECT pg_advisory_unlock(id) FROM foo WHERE pg_advisory_unlock(id) LIMIT 1", set()),
-        # The key: hashtext with any advisory function, anywhere in the statement.
+        # The key: hashtext computes an argument of an advisory function that takes one
+        # (test_a_key_from_an_undocumented_hash has every form).
         ("SELECT pg_advisory_lock(hashtext($1))", {HASHTEXT}),
         ("SELECT pg_advisory_unlock(pg_catalog.hashtext($1))", {HASHTEXT}),
         (
             "WITH k AS (SELECT hashtext($1) AS h) SELECT pg_advisory_xact_lock(k.h) FROM k",
             {HASHTEXT},
         ),
-        ("SELECT pg_advisory_unlock_all() FROM t WHERE x = hashtext($1)", {HASHTEXT}),
+        # pg_advisory_unlock_all takes no key: the hash only filters the rows.
+        ("SELECT pg_advisory_unlock_all() FROM t WHERE x = hashtext($1)", set()),
         ("SELECT pg_advisory_lock(hashtextextended($1, 0))", set()),
         ("SELECT pg_advisory_lock(myschema.hashtext($1))", set()),
         ("SELECT hashtext($1)", set()),
@@ -168,6 +173,176 @@ def rules(text: str) -> set[Rule]:
 )
 def test_the_rules_a_statement_breaks(text: str, expected: set[Rule]) -> None:
     assert rules(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "keyed"),
+    [
+        # The issue's two lookalikes: a hash beside a lock, a hash that filters the rows.
+        ("SELECT hashtext($1), pg_advisory_xact_lock($2)", False),
+        ("SELECT pg_advisory_xact_lock(id) FROM t WHERE hashtext(state) <> $1", False),
+        # Other places where a hash is no key: a condition, an order, a filter, an
+        # unrelated column of the same subquery or CTE, a WHERE of the sub-select that
+        # gives the key, a SET beside the lock, a lock of another statement.
+        ("SELECT pg_advisory_lock(CASE WHEN hashtext($1) > $2 THEN $3 ELSE $4 END)", False),
+        ("SELECT pg_advisory_lock(id) FROM t ORDER BY hashtext(name)", False),
+        ("SELECT pg_advisory_lock(max(id) FILTER (WHERE hashtext(s) > $1)) FROM t", False),
+        ("SELECT pg_advisory_lock(id) FROM (SELECT hashtext($1) AS h, $2 AS id) s", False),
+        (
+            "WITH k AS (SELECT hashtext($1) AS h, $2 AS id) SELECT pg_advisory_lock(k.id) FROM k",
+            False,
+        ),
+        ("SELECT pg_advisory_lock((SELECT id FROM accounts WHERE hashtext(name) = $1))", False),
+        ("SELECT pg_advisory_lock(id) FROM t, LATERAL (SELECT hashtext(t.name) AS h) x", False),
+        ("UPDATE t SET a = pg_try_advisory_lock(id), b = hashtext(name) WHERE id = $1", False),
+        ("UPDATE t SET a = pg_try_advisory_lock(id) WHERE hashtext(name) = $1", False),
+        ("SELECT pg_advisory_lock(id), hashtext(name) FROM t", False),
+        (
+            "WITH RECURSIVE k(h) AS (SELECT $1::int UNION ALL SELECT h + 1 FROM k WHERE"
+            " hashtext(h::text) > $2) SELECT pg_advisory_lock(h) FROM k",
+            False,
+        ),
+        # A name the server finds in a table of this level, not the outer subquery's.
+        ("SELECT (SELECT pg_advisory_lock(h) FROM jobs) FROM (SELECT hashtext($1) AS h) s", False),
+        ("SELECT pg_advisory_lock(myschema.hashtext($1))", False),
+        ("SELECT pg_advisory_lock(hashtextextended($1, 0))", False),
+        # The true forms: nested in the arguments, through a cast, inside an expression.
+        ("SELECT pg_advisory_lock(1001, hashtext(x)) FROM t", True),
+        ("SELECT pg_advisory_xact_lock(hashtext(a || b)::bigint) FROM t", True),
+        ("SELECT pg_advisory_lock(CAST(hashtext($1) AS bigint))", True),
+        ("SELECT pg_advisory_lock((hashtext($1) & $2)::bigint << $3)", True),
+        ("SELECT pg_try_advisory_xact_lock($1, abs(hashtext(lower($2))))", True),
+        ("SELECT pg_advisory_lock(key => hashtext($1))", True),
+        ("SELECT pg_advisory_lock(COALESCE(hashtext($1), $2))", True),
+        ("SELECT pg_advisory_lock(CASE WHEN $1 THEN hashtext($2) ELSE $3 END)", True),
+        ('SELECT pg_advisory_lock(hashtext($1 COLLATE "C"))', True),
+        ("SELECT pg_advisory_unlock_shared(hashbpchar($1))", True),
+        ("SELECT pg_advisory_lock(hashname($1::name))", True),
+        # Through a scalar sub-select, a subquery's, a CTE's, a VALUES' or a function's
+        # column, by name or by the alias's columns, through a star, a UNION, a recursion.
+        ("SELECT pg_advisory_lock((SELECT hashtext(name) FROM accounts WHERE id = $1))", True),
+        ("SELECT pg_advisory_lock(h) FROM (SELECT hashtext($1) AS h) s", True),
+        ("SELECT pg_advisory_lock(s.k) FROM (SELECT hashtext($1)) AS s(k)", True),
+        ("SELECT pg_advisory_lock(hashtext) FROM (SELECT hashtext($1)) s", True),
+        ("SELECT pg_advisory_lock(h) FROM (SELECT * FROM (SELECT hashtext($1) AS h) a) b", True),
+        ("SELECT pg_advisory_lock(h) FROM (SELECT $1 AS h UNION SELECT hashtext($2)) s", True),
+        ("SELECT pg_advisory_lock(v.h) FROM (VALUES ($1), (hashtext($2))) AS v(h)", True),
+        ("SELECT pg_advisory_lock(column1) FROM (VALUES (hashtext($1))) v", True),
+        ("SELECT pg_advisory_lock(h) FROM hashtext($1) AS h", True),
+        ("SELECT pg_advisory_lock(x.h) FROM t, LATERAL (SELECT hashtext(t.name) AS h) x", True),
+        (
+            "SELECT pg_advisory_lock(s.h) FROM (SELECT hashtext($1) AS h) s JOIN u ON u.id = $2",
+            True,
+        ),
+        ("WITH k(h) AS (SELECT hashtext($1)) SELECT pg_advisory_xact_lock(h) FROM k", True),
+        (
+            "WITH a AS (SELECT hashtext($1) AS h), b AS (SELECT h + $2 AS g FROM a)"
+            " SELECT pg_advisory_lock(g) FROM b",
+            True,
+        ),
+        (
+            "WITH RECURSIVE k(h) AS (SELECT hashtext($1) UNION ALL SELECT h FROM k)"
+            " SELECT pg_advisory_lock(h) FROM k",
+            True,
+        ),
+        (
+            "WITH k AS (INSERT INTO t VALUES ($1) RETURNING hashtext(x) AS h)"
+            " SELECT pg_advisory_lock(h) FROM k",
+            True,
+        ),
+        ("SELECT (SELECT pg_advisory_lock(s.h) FROM jobs) FROM (SELECT hashtext($1) AS h) s", True),
+        ("UPDATE t SET a = pg_try_advisory_lock(hashtext(name)) WHERE id = $1", True),
+        ("CALL p(pg_advisory_lock(hashtext($1)))", True),
+    ],
+)
+def test_a_key_from_an_undocumented_hash(text: str, keyed: bool) -> None:
+    assert (HASHTEXT in rules(text)) is keyed
+
+
+def _cpu_seconds(run: Callable[[], object]) -> float:
+    """The CPU seconds `run` takes: this process's, which other processes' work on the
+    machine does not add to."""
+    started = time.process_time()
+    run()
+    return time.process_time() - started
+
+
+def _fit(make: Callable[[int], str]) -> str:
+    """The longest text `make` writes within MAX_STATEMENT_BYTES (its size doubled until
+    too long, then halved: never a text much longer built)."""
+    low = 1
+    while len(make(2 * low).encode()) <= MAX_STATEMENT_BYTES:
+        low *= 2
+    high = 2 * low - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(make(middle).encode()) <= MAX_STATEMENT_BYTES:
+            low = middle
+        else:
+            high = middle - 1
+    return make(low)
+
+
+def _nested(n: int) -> str:
+    """Levels of scalar sub-selects, each with a subquery in FROM and a lock of a name none
+    has: every name looked for outwards."""
+    inner = "".join(f" FROM (SELECT 1) s{i}), pg_advisory_lock(c{i})" for i in range(1, n))
+    return "SELECT hashtext($1), " + "(SELECT " * (n - 1) + "pg_advisory_lock(c0)" + inner
+
+
+def _wide(n: int) -> str:
+    """A subquery per lock, all in one FROM, each lock naming a column none has."""
+    locks = ", ".join(f"pg_advisory_lock(x{i})" for i in range(n))
+    sources = ", ".join(f"(SELECT hashtext($1) AS y{i}) s{i}" for i in range(n))
+    return f"SELECT {locks} FROM {sources}"
+
+
+def _chain(n: int) -> str:
+    """CTEs each reading the one before, twice, the first a hash: the last one's key."""
+    ctes = ["c0 AS (SELECT hashtext($1) AS h)"] + [
+        f"c{i} AS (SELECT h FROM c{i - 1} UNION ALL SELECT h + 1 FROM c{i - 1})"
+        for i in range(1, n)
+    ]
+    return f"WITH {', '.join(ctes)} SELECT pg_advisory_lock(h) FROM c{n - 1}"
+
+
+def _with_everywhere(n: int) -> str:
+    """A WITH at every level of sub-selects: each FROM looks for its CTE outwards."""
+    outer = "".join(f"WITH w{i} AS (SELECT 1) SELECT (" for i in range(n - 1, 0, -1))
+    inner = "".join(f") FROM w{i}, t{i}" for i in range(1, n))
+    return outer + "SELECT pg_advisory_lock(q) FROM t0 WHERE hashtext(q::text) > 0" + inner
+
+
+@pytest.mark.parametrize(
+    ("make", "keyed"),
+    [(_nested, False), (_wide, False), (_chain, True), (_with_everywhere, False)],
+    ids=lambda value: getattr(value, "__name__", str(value)),
+)
+def test_tracing_a_key_through_a_hostile_statement_stays_bounded(
+    make: Callable[[int], str], keyed: bool
+) -> None:
+    """The trace of a key through 64 KiB built to make it work hard (a thousand levels,
+    sources or CTEs, each name looked up) costs a few times what parsing the text costs, as
+    the rules' own walk does; a lookup through every level or every source for every name
+    took 40 to 150 times as long."""
+    text = _fit(make)
+    verdicts: list[Verdict] = []
+    judged = _cpu_seconds(lambda: verdicts.append(Judge(BUDGET).judge(text)))
+    parsed = _cpu_seconds(lambda: statements._decode(parser.parse_sql_json(text)))
+    assert verdicts[0].skipped is None
+    assert (HASHTEXT in verdicts[0].rules) is keyed
+    assert judged < 25 * parsed + 0.05, (judged, parsed)
+
+
+def test_a_key_at_the_bottom_of_a_deep_expression_is_found() -> None:
+    """A key that is a chain of concatenations thousands of levels deep (a tree json.loads
+    refuses): the hash at its bottom computes it; in the WHERE beside it, it does not."""
+    deep = "$1 || " * 2_000
+    keyed = f"SELECT pg_advisory_lock({deep}hashtext($2))"
+    with pytest.raises(RecursionError):
+        json.loads(parser.parse_sql_json(keyed))
+    assert rules(keyed) == {HASHTEXT}
+    assert rules(f"SELECT pg_advisory_lock({deep}$2) WHERE hashtext($3) > $4") == set()
 
 
 @pytest.mark.parametrize(

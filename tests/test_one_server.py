@@ -260,7 +260,7 @@ def test_two_configured_targets_on_one_server_read_it_once_and_page_once(
     (tmp_path / "check.yaml").write_text(json.dumps(config))
     checked = cli("--config.file", str(tmp_path / "check.yaml"), "--config.check", check=True)
     assert re.search(
-        r"note: .*check\.yaml: targets\[1\]\.dsn \(billing\): the same server as target "
+        r"note: .*check\.yaml: targets\[1\] \(billing\)\.dsn: the same server as target "
         rf"'orders' \(targets\[0\], 127\.0\.0\.1:{pg.port}\)",
         checked.stdout,
     ), checked.stdout

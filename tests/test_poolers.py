@@ -93,13 +93,13 @@ def test_a_bad_pooler_is_named_with_its_field(
     with pytest.raises(ConfigError) as error:
         _load(tmp_path, pooler)
     message = str(error.value)
-    assert message.startswith(f"{tmp_path / 'config.yaml'}: targets[0].poolers[0]"), message
+    assert message.startswith(f"{tmp_path / 'config.yaml'}: targets[0] (main).poolers[0]"), message
     assert problem in message
 
 
 def test_pooler_names_are_unique_per_target(tmp_path: Path) -> None:
     twice = {"name": "a", "admin_dsn": CONSOLE}
-    with pytest.raises(ConfigError, match=r"targets\[0\].poolers: .*'a' is used twice"):
+    with pytest.raises(ConfigError, match=r"targets\[0\] \(main\).poolers: .*'a' is used twice"):
         _load(tmp_path, twice, twice)
 
 

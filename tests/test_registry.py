@@ -101,11 +101,11 @@ def test_registry_errors_name_the_entries_in_the_file(
     )
     assert main(["--config.file", str(path), "--config.check"]) == 2
     message = capsys.readouterr().err
-    assert f"{path}: targets[0].keys: keys 'leader' (key 42) and 'again' (key 42)" in message
+    assert f"{path}: targets[0] (a).keys: keys 'leader' (key 42) and 'again' (key 42)" in message
     path.write_text(yaml.safe_dump({"keys": [{"name": "x", "key": 1, "colour": "red"}],
                                     "targets": [{"name": "a", "dsn": dsn}]}))  # fmt: skip
     assert main(["--config.file", str(path), "--config.check"]) == 2
-    assert f"{path}: keys[0].colour: unknown field" in capsys.readouterr().err
+    assert f"{path}: keys[0] (x).colour: unknown field" in capsys.readouterr().err
 
 
 # Each digest's key as SQL computes it from documented functions (pg-boss writes its own so),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -9,14 +10,16 @@ import psycopg
 import pytest
 from support import (
     PLAIN_PASSWORD,
+    Cli,
     OneTarget,
     RunningExporter,
     Session,
     SilentServer,
     StartExporter,
+    write_config,
 )
 
-from devtools.embedded_postgres import EmbeddedPostgres
+from devtools.embedded_postgres import SUPERUSER, EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import connect_to_server, prepare_session
 from pg_advisory_exporter.collect.kept_connection import CannotCollect
 from pg_advisory_exporter.config.model import CollectionSettings
@@ -131,6 +134,60 @@ def test_password_file(
     config = {"targets": [{"name": "main", "dsn": dsn, "password_file": str(secret)}]}
     exporter = start_exporter(config=config)
     assert exporter.scrape().value("pg_advisory_up", target="main") == 1
+
+
+@pytest.mark.any_version  # the exporter reads the file; the server only checks the password
+def test_a_password_file_missing_at_start_downs_its_target_until_it_appears(
+    start_exporter: StartExporter,
+    cli: Cli,
+    monitor_dsn: str,
+    own_server: EmbeddedPostgres,
+    tmp_path: Path,
+) -> None:
+    """One Secret key not mounted yet: its target starts down with the reason (series,
+    /health, one log line), the other runs, and the file's arrival brings it up without a
+    restart. --config.check warns of it and exits 0."""
+    secret = tmp_path / "secrets" / "billing"
+    secret.parent.mkdir()
+    billing_dsn = f"host=127.0.0.1 port={own_server.port} dbname=postgres user={SUPERUSER}"
+    config = {
+        "collection": {"min_interval": "1ms", "reconnect_backoff_max": "1s"},
+        "targets": [
+            {"name": "orders", "dsn": monitor_dsn},
+            {"name": "billing", "dsn": billing_dsn, "password_file": str(secret)},
+        ],
+    }
+    reason = f"cannot read password_file {secret}: No such file or directory"
+    path = write_config(tmp_path, config, "check.yaml")
+    checked = cli("--config.file", str(path), "--config.check")
+    assert checked.returncode == 0, checked.stderr
+    assert (
+        f"warning: {path}: targets[1] (billing).password_file: {reason}; the target is down "
+        "until it can be read"
+    ) in checked.stdout
+
+    exporter = start_exporter(config=config)
+    scrape = exporter.scrape()
+    assert scrape.value("pg_advisory_up", target="orders") == 1
+    assert scrape.value("pg_advisory_up", target="billing") == 0
+    assert scrape.find("pg_advisory_lock_table_entries", target="orders")
+    status, body = exporter.get("/health")
+    health = {t["target"]: t for t in json.loads(body)["targets"]}
+    assert status == 503
+    assert (health["billing"]["up"], health["billing"]["error"]) == (False, reason)
+    assert (health["orders"]["up"], health["orders"]["error"]) == (True, None)
+    for _ in range(3):  # retried after its backoff, and not said again
+        time.sleep(0.6)
+        assert exporter.scrape().value("pg_advisory_up", target="billing") == 0
+    assert exporter.log().count(reason) == 1, exporter.log()
+
+    secret.write_text(own_server.password + "\n")
+    after = exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="billing") == 1)
+    assert after.value("pg_advisory_up", target="orders") == 1
+    assert json.loads(exporter.get("/health")[1])["status"] == "ok"
+    assert "collection succeeded again" in exporter.log()
+    assert exporter.process.poll() is None
+    assert own_server.password not in exporter.log()
 
 
 def test_locked_catalog_times_out_instead_of_stalling(

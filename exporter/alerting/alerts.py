@@ -261,7 +261,7 @@ class Alerts:
 
     def exporter(self) -> list[dict[str, Any]]:
         """The exporter's own health: a server it cannot read, itself unscrapable, its web
-        configuration refused."""
+        configuration or its configuration file refused."""
         v = self.v
         return [
             self.alert(
@@ -298,6 +298,20 @@ class Alerts:
                 f"change to its --web.config.file for {v.duration('web_config_refused_for')} "
                 "and still serves with its previous web configuration (users and TLS as "
                 "before): the file on disk is not in effect. Its log says why.",
+                locks_page=False,
+            ),
+            self.alert(
+                "PgAdvisoryExporterConfigRefused",
+                f"{self.sel('pg_advisory_exporter_config_last_reload_successful')} == 0",
+                for_="config_refused_for",
+                severity="warning",
+                summary="pg-advisory-exporter {{ $labels.instance }} refused its changed "
+                "configuration file",
+                description="pg-advisory-exporter at {{ $labels.instance }} has refused a "
+                f"reload of its --config.file for {v.duration('config_refused_for')} and still "
+                "runs its previous configuration (targets, keys and settings as before): the "
+                "file on disk is not in effect, and a restart would stop on it. Its log says "
+                "why.",
                 locks_page=False,
             ),
         ]

@@ -91,6 +91,9 @@ class Thresholds(Strict):
     web_config_refused_for: Duration = Field(
         600, description="a changed web configuration file refused this long warns"
     )
+    config_refused_for: Duration = Field(
+        600, description="a reload of the configuration file refused this long warns"
+    )
     shards_missing_for: Duration = Field(
         900, description="a shard of a sharded exporter without a replica this long pages"
     )

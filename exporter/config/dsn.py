@@ -3,6 +3,7 @@ taking the password from a file."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -100,24 +101,58 @@ def server_of(dsn: str) -> str:
     )
 
 
+# A password file holds one line; one larger than this is not a password file (a device, a
+# log), and is refused rather than read into memory at every connect.
+MAX_PASSWORD_BYTES = 64 * 1024
+
+
 def _read_password_file(path: Path) -> str:
+    """The password in the file, without its line end; ValueError says why there is none.
+    Opened without blocking (a FIFO with no writer gives nothing rather than hang a
+    connection), and read up to MAX_PASSWORD_BYTES."""
     try:
-        return path.read_text().rstrip("\r\n")
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as file:
+            data = file.read(MAX_PASSWORD_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"cannot read password_file {path}: {exc.strerror}") from None
+    if len(data) > MAX_PASSWORD_BYTES:
+        raise ValueError(
+            f"password_file {path} is larger than {MAX_PASSWORD_BYTES // 1024} KiB: not a "
+            "password file"
+        )
+    try:
+        return data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"password_file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start})"
+        ) from None
 
 
 def check_password_source(dsn: str, password_file: Path | None) -> None:
-    """Refuse a password given twice, or a password_file that cannot be read."""
-    if password_file is None:
-        return
-    if _dsn_parameters(dsn).get("password"):
+    """Refuse a password given twice: in the DSN and in password_file. Whether the file can
+    be read is not the configuration's to say: a secret missing at start makes its target
+    down until it appears, as one that vanishes later does (`password_file_problem`)."""
+    if password_file is not None and _dsn_parameters(dsn).get("password"):
         raise ValueError("give the password either in the DSN or in password_file, not both")
-    _read_password_file(password_file)
+
+
+def password_file_problem(password_file: Path | None) -> str | None:
+    """Why the password file cannot give a password now; None if it can (or there is none)."""
+    if password_file is None:
+        return None
+    try:
+        _read_password_file(password_file)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def with_password(dsn: str, password_file: Path | None) -> str:
-    """The DSN with the password from password_file, read now so that rotation works."""
+    """The DSN with the password from password_file, read now so that rotation works (and a
+    file that appears after the start is read at the next connect); ValueError if it cannot
+    be read."""
     if password_file is None:
         return dsn
     return make_conninfo(dsn, password=_read_password_file(password_file))

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pg_advisory_exporter.config.dsn import password_file_problem
 from pg_advisory_exporter.config.model import (
     DEFAULT_TARGET,
     AuthModuleConfig,
@@ -38,7 +39,7 @@ from pg_advisory_exporter.config.sources import (
 )
 from pg_advisory_exporter.fleet.sharding import Shard, ordinal_of
 from pg_advisory_exporter.keys.registry import check_configs
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.schema import ConfigError, step
 from pg_advisory_exporter.yaml_file import read_model
 
 
@@ -51,7 +52,7 @@ def read_file(path: Path) -> FileConfig:
         try:
             check_configs(file.keys + target.keys)
         except ValueError as exc:
-            raise ConfigError(f"{path}: targets[{i}].keys: {exc}") from None
+            raise ConfigError(f"{path}: {step('targets', i, target.name)}.keys: {exc}") from None
     if not file.targets and not file.auth_modules:
         raise ConfigError(
             f"{path}: targets: list at least one server, or give auth_modules for the servers "
@@ -143,8 +144,10 @@ def load(flags: Mapping[str, object]) -> Config:
             for target in file.targets
         ),
         max_parallel_collections=file.max_parallel_collections,
+        config_file=settings.config.file,
         shard=_shard(settings.shard, shard_origin),
         notes=same_server_notes(settings.config.file, file.targets),
+        warnings=_unreadable_secrets(settings.config.file, file),
         auth_modules={
             name: AuthModuleSettings(
                 name=name,
@@ -158,6 +161,29 @@ def load(flags: Mapping[str, object]) -> Config:
             for name, module in file.auth_modules.items()
         },
         discovered_targets=file.discovered_targets,
+    )
+
+
+def _unreadable_secrets(path: Path | None, file: FileConfig) -> tuple[str, ...]:
+    """Each password file that cannot be read now, located, and what that does: not an
+    error of the configuration (a Secret may be mounted later), but its target, pooler or
+    module fails until the file can be read, as when one vanishes while running."""
+    holders: list[tuple[str, Path | None, str]] = []
+    for i, target in enumerate(file.targets):
+        at = step("targets", i, target.name)
+        holders.append((at, target.password_file, "the target is down"))
+        holders += [
+            (step(f"{at}.poolers", j, pooler.name), pooler.password_file, "the pooler is down")
+            for j, pooler in enumerate(target.poolers)
+        ]
+    holders += [
+        (f"auth_modules.{name}", module.password_file, "its probes fail")
+        for name, module in file.auth_modules.items()
+    ]
+    return tuple(
+        f"{path}: {at}.password_file: {problem}; {effect} until it can be read"
+        for at, password_file, effect in holders
+        if (problem := password_file_problem(password_file))
     )
 
 

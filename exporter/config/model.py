@@ -34,6 +34,7 @@ from pg_advisory_exporter.schema import (
     Strict,
     duration_within,
     port_number,
+    step,
 )
 
 from .dsn import Dsn, check_password_source, with_password
@@ -365,11 +366,6 @@ class AuthModuleConfig(Strict):
             )
         return entries
 
-    @model_validator(mode="after")
-    def _password_file_readable(self) -> AuthModuleConfig:
-        check_password_source("", self.password_file)
-        return self
-
 
 class DiscoveredTargetsSettings(Strict):
     """Limits on the targets that probes name through an auth module."""
@@ -388,26 +384,29 @@ def _check_unique(what: str, names: Sequence[str]) -> None:
         seen.add(name)
 
 
-def _check_logs(logs: Sequence[tuple[Path, str]]) -> None:
+def _check_logs(logs: Sequence[tuple[str, Path, str]]) -> None:
     """Two targets counting one log would count each event twice: one log of a format read
-    by two targets, under two spellings (a symbolic link, `..`), or as a file and the
-    directory that holds it, is refused."""
-    seen: list[tuple[Path, Path, str]] = []
-    for path, log_format in logs:
+    by two targets (each given as `targets[i] (name)`), under two spellings (a symbolic
+    link, `..`), or as a file and the directory that holds it, is refused."""
+    seen: list[tuple[str, Path, Path, str]] = []
+    for target, path, log_format in logs:
         resolved = path.resolve()
-        for earlier, earlier_resolved, earlier_format in seen:
+        for earlier_target, earlier, earlier_resolved, earlier_format in seen:
             if log_format != earlier_format:
                 continue
             if resolved == earlier_resolved:
-                raise ValueError(f"server_log '{path} ({log_format})' is used twice")
+                raise ValueError(
+                    f"{target}.server_log: '{path} ({log_format})' is used twice: "
+                    f"{earlier_target} reads it too"
+                )
             if resolved.is_relative_to(earlier_resolved) or earlier_resolved.is_relative_to(
                 resolved
             ):
                 raise ValueError(
-                    f"server_log '{path} ({log_format})' and '{earlier}' are one log: one "
-                    "holds the other"
+                    f"{target}.server_log: '{path} ({log_format})' and {earlier_target}'s "
+                    f"'{earlier}' are one log: one holds the other"
                 )
-        seen.append((path, resolved, log_format))
+        seen.append((target, path, resolved, log_format))
 
 
 class WebConfig(Strict):
@@ -499,11 +498,18 @@ class FileConfig(Strict):
     @field_validator("targets")
     @classmethod
     def _unique_names(cls, targets: tuple[TargetConfig, ...]) -> tuple[TargetConfig, ...]:
-        _check_unique("target name", [target.name for target in targets])
+        first: dict[str, int] = {}
+        for i, target in enumerate(targets):
+            if target.name in first:
+                raise ValueError(
+                    f"target name {target.name!r} is used twice: by "
+                    f"targets[{first[target.name]}] and targets[{i}]"
+                )
+            first[target.name] = i
         _check_logs(
             [
-                (target.server_log.path, target.server_log.format)
-                for target in targets
+                (step("targets", i, target.name), target.server_log.path, target.server_log.format)
+                for i, target in enumerate(targets)
                 if target.server_log is not None and target.server_log.path is not None
             ]
         )

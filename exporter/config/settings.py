@@ -28,7 +28,7 @@ from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.fleet.sharding import Shard
 from pg_advisory_exporter.keys.catalog import CatalogChoice
 from pg_advisory_exporter.keys.registry import KeyConfig
-from pg_advisory_exporter.schema import Strict
+from pg_advisory_exporter.schema import Strict, step
 
 
 class TargetSettings(Strict):
@@ -102,6 +102,8 @@ class Config:
     log: LogConfig
     targets: tuple[TargetSettings, ...]
     max_parallel_collections: int = DEFAULT_PARALLEL_COLLECTIONS
+    # The file read (--config.file), if any: its reloads are reported in series.
+    config_file: Path | None = None
     # The daemon collects only the targets of its shard; `check` reads them all.
     shard: Shard = dataclasses.field(default_factory=Shard)
     auth_modules: Mapping[str, AuthModuleSettings] = dataclasses.field(default_factory=dict)
@@ -111,6 +113,9 @@ class Config:
     # What is valid but worth a word, each located: --config.check prints them, the daemon
     # logs them when it starts and at each reload.
     notes: tuple[str, ...] = ()
+    # What the running exporter reports as a target's (or pooler's, or module's) failure,
+    # each located (a password file that cannot be read now): --config.check warns of them.
+    warnings: tuple[str, ...] = ()
 
 
 # Targets named in a note about one server, before "and N more".
@@ -128,7 +133,7 @@ def same_server_notes(path: Path | None, targets: Sequence[TargetConfig]) -> tup
         if len(indexes) < 2:
             continue
         first, others = indexes[0], indexes[1:]
-        named = ", ".join(f"targets[{i}].dsn ({targets[i].name})" for i in others[:_NAMED])
+        named = ", ".join(f"{step('targets', i, targets[i].name)}.dsn" for i in others[:_NAMED])
         more = f" and {len(others) - _NAMED} more" if len(others) > _NAMED else ""
         notes.append(
             f"{path}: {named}{more}: the same server as target {targets[first].name!r} "

@@ -144,7 +144,8 @@ def _outcome(pending: Collection | Future[Collection]) -> Collection | None:
 
 class ExporterCollector(Collector):
     """Every configured target of the shard, plus the exporter's build information, its
-    shard and, with a web configuration, its series (the last change, the rate limit): /metrics."""
+    shard, the reloads of its configuration file and, with a web configuration, its series
+    (the last change, the rate limit): /metrics."""
 
     def __init__(
         self,
@@ -152,11 +153,13 @@ class ExporterCollector(Collector):
         pool: CollectionPool,
         shard: Callable[[], Shard],
         web_samples: Callable[[], list[Sample]] | None = None,
+        config_samples: Callable[[], list[Sample]] | None = None,
     ) -> None:
         self._targets = targets  # read at each scrape: a reload may change them
         self._pool = pool
         self._shard = shard  # the same
         self._web_samples = web_samples  # None: no web configuration file
+        self._config_samples = config_samples  # None: no configuration file
         self._timer = AnswerTimer()
 
     def describe(self) -> Iterable[Metric]:
@@ -165,6 +168,8 @@ class ExporterCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         samples = [build_info(__version__, platform.python_version())]
         samples += shard_samples(self._shard())
+        if self._config_samples is not None:
+            samples += self._config_samples()
         if self._web_samples is not None:
             samples += self._web_samples()
         return families(samples + target_samples(self._targets(), self._pool, self._timer))

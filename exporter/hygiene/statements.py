@@ -19,10 +19,7 @@ interpreter's limit (a few hundred levels of a tree); such a tree is read again 
 recursion (`_decode_flat`). The JSON route is also about five times faster than parse_sql's
 nodes.
 
-The JSON has the protobuf schema's field names: a Node is an object of one key, its type's
-name (which alone starts with a capital), whose value holds its fields; a field typed as a
-struct rather than a Node (an alias, a WITH clause, a set operation's arms) is the fields
-alone, without the name.
+The tree is read by parse_tree.py; where a lock's key comes from, by key_source.py.
 """
 
 from __future__ import annotations
@@ -35,6 +32,20 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from pglast import parser
+
+from .key_source import UNDOCUMENTED_HASHES, hash_keyed
+from .parse_tree import (
+    ADVISORY,
+    ARMS,
+    LOCKING,
+    NO_SET_OPERATION,
+    SELECT,
+    Fields,
+    as_list,
+    function,
+    node,
+    walk,
+)
 
 
 class Rule(enum.StrEnum):
@@ -96,28 +107,6 @@ class Skip(enum.StrEnum):
 # _decode_flat) takes a third of a second and 33 MiB of Python heap to judge.
 MAX_STATEMENT_BYTES = 65536
 _MAX_UTF8_BYTES_PER_CHARACTER = 4  # a lone surrogate, written through, takes 3
-
-LOCKING = frozenset(
-    {
-        "pg_advisory_lock",
-        "pg_advisory_lock_shared",
-        "pg_try_advisory_lock",
-        "pg_try_advisory_lock_shared",
-        "pg_advisory_xact_lock",
-        "pg_advisory_xact_lock_shared",
-        "pg_try_advisory_xact_lock",
-        "pg_try_advisory_xact_lock_shared",
-    }
-)
-ADVISORY = LOCKING | {"pg_advisory_unlock", "pg_advisory_unlock_shared", "pg_advisory_unlock_all"}
-HASHTEXT = "hashtext"  # hashtextextended, its 64-bit seeded successor, is another name
-_CATALOG = "pg_catalog"  # the one schema whose functions these are
-
-_SELECT = "SelectStmt"
-_NO_SET_OPERATION = "SETOP_NONE"
-_ARMS = ("larg", "rarg")  # a set operation's two sides, SelectStmt fields without the name
-
-_Fields = dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -211,7 +200,7 @@ def _decode_flat(document: str) -> object:
     go: the containers on a list of its own, the scalars (strings, numbers, true, false,
     null) read by json's own scanner, which does not recurse for them."""
     root: list[object] = []
-    open_: list[list[object] | _Fields] = [root]
+    open_: list[list[object] | Fields] = [root]
     keys: list[str | None] = [None]  # each open object's key awaiting its value
     at, end = 0, len(document)
     while at < end:
@@ -244,105 +233,51 @@ def _decode_flat(document: str) -> object:
     return root[0]
 
 
-def _node(value: object) -> tuple[str, _Fields] | None:
-    """A Node's type name and fields, or None for anything else (a struct's fields, a list,
-    a scalar)."""
-    if isinstance(value, dict) and len(value) == 1:
-        [(kind, fields)] = value.items()
-        if "A" <= kind[:1] <= "Z" and isinstance(fields, dict):
-            return kind, fields
-    return None
-
-
-def _walk(value: object, *, into_queries: bool) -> Iterator[tuple[str, _Fields]]:
-    """Every Node below `value` (itself included), without recursion: a tree can be as deep
-    as its text is long. Without `into_queries`, a SELECT met below (in a sub-link, a
-    subquery in FROM) is neither given nor entered: a level of its own."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, list):
-            pending.extend(item)
-            continue
-        if (node := _node(item)) is None:
-            if isinstance(item, dict):  # a struct's fields: an alias, a WITH clause
-                pending.extend(item.values())
-            continue
-        kind, fields = node
-        if kind == _SELECT and not into_queries:
-            continue
-        yield node
-        for name, field in fields.items():
-            # A set operation's arms are SelectStmts written without their type's name.
-            arm = kind == _SELECT and name in _ARMS and isinstance(field, dict)
-            pending.append({_SELECT: field} if arm else field)
-
-
-def _function(fields: _Fields) -> str | None:
-    """The name of a FuncCall that is PostgreSQL's own: unqualified or in pg_catalog. The
-    parser has folded an unquoted name to lower case and kept a quoted one as written, so
-    "PG_ADVISORY_LOCK" stays another function, as it is to the server."""
-    names = []
-    for part in _list(fields.get("funcname")):
-        node = _node(part)
-        if node is None or node[0] != "String" or not isinstance(node[1].get("sval"), str):
-            return None
-        names.append(str(node[1]["sval"]))
-    if len(names) == 1:
-        return names[0]
-    if len(names) == 2 and names[0] == _CATALOG:
-        return names[1]
-    return None  # another schema's function of the same name, or a database's (a.b.c)
-
-
-def _list(value: object) -> list[object]:
-    return value if isinstance(value, list) else []
-
-
 def _statement_rules(statement: object) -> set[Rule]:
     """The rules one statement breaks: each of its levels (every SELECT, UPDATE, DELETE and
     MERGE in it: CTEs, subqueries, sub-links, INSERT ... SELECT, under EXPLAIN or CREATE
     TABLE AS) judged on its own, and its function calls anywhere for the key. A DO block's
     or a function's PL/pgSQL body is a string to the parser, and is not looked into."""
     found: set[Rule] = set()
-    advisory = hashtext = False
-    for kind, fields in _walk(statement, into_queries=True):
+    advisory = hashes = False
+    for kind, fields in walk(statement, into_queries=True):
         if kind == "FuncCall":
-            name = _function(fields)
+            name = function(fields)
             advisory = advisory or name in ADVISORY
-            hashtext = hashtext or name == HASHTEXT
-        elif kind == _SELECT:
+            hashes = hashes or name in UNDOCUMENTED_HASHES
+        elif kind == SELECT:
             found |= _select_rules(fields)
         elif kind in _SCANNING_CONDITIONS:
             where, from_items = _SCANNING_CONDITIONS[kind](fields)
             # An UPDATE, a DELETE and a MERGE always scan their target.
             if _locks([where, *_join_conditions(from_items)]):
                 found.add(Rule.LOCK_IN_WHERE)
-    if advisory and hashtext:
+    # Where a hash and an advisory function meet, whether the one computes the other's key.
+    if advisory and hashes and hash_keyed(statement):
         found.add(Rule.HASHTEXT_KEY)
     return found
 
 
 # The condition of each statement that scans its target, and the FROM items whose joins'
 # conditions run per row too.
-_SCANNING_CONDITIONS: Mapping[str, Callable[[_Fields], tuple[object, object]]] = {
+_SCANNING_CONDITIONS: Mapping[str, Callable[[Fields], tuple[object, object]]] = {
     "UpdateStmt": lambda fields: (fields.get("whereClause"), fields.get("fromClause")),
     "DeleteStmt": lambda fields: (fields.get("whereClause"), fields.get("usingClause")),
     "MergeStmt": lambda fields: (fields.get("joinCondition"), [fields.get("sourceRelation")]),
 }
 
 
-def _select_rules(fields: _Fields) -> set[Rule]:
+def _select_rules(fields: Fields) -> set[Rule]:
     """The rules one SELECT level breaks by its own clauses (its nested SELECTs are levels
     of their own)."""
     found: set[Rule] = set()
-    scans = bool(_list(fields.get("fromClause")))
+    scans = bool(as_list(fields.get("fromClause")))
     conditions = [fields.get("whereClause"), *_join_conditions(fields.get("fromClause"))]
     if scans and _locks(conditions):
         found.add(Rule.LOCK_IN_WHERE)
     if not _limited(fields):
         return found
-    if fields.get("op", _NO_SET_OPERATION) != _NO_SET_OPERATION:
+    if fields.get("op", NO_SET_OPERATION) != NO_SET_OPERATION:
         # The LIMIT cuts the scans of the branches, whose select lists and conditions lock.
         if any(_locks(_own_clauses(branch)) for branch in _branches(fields)):
             found.add(Rule.LOCK_IN_LIMITED_SCAN)
@@ -351,17 +286,17 @@ def _select_rules(fields: _Fields) -> set[Rule]:
     return found
 
 
-def _limited(fields: _Fields) -> bool:
+def _limited(fields: Fields) -> bool:
     """Whether the level has a row count (LIMIT, FETCH FIRST): LIMIT ALL and LIMIT NULL,
     a null constant, limit nothing."""
-    count = _node(fields.get("limitCount"))
+    count = node(fields.get("limitCount"))
     if count is None:
         return False
     kind, constant = count
     return not (kind == "A_Const" and constant.get("isnull") is True)
 
 
-def _own_clauses(fields: _Fields) -> list[object]:
+def _own_clauses(fields: Fields) -> list[object]:
     """A SELECT level's clauses that run per row it scans: the select list, WHERE, HAVING
     and its joins' conditions."""
     return [
@@ -372,7 +307,7 @@ def _own_clauses(fields: _Fields) -> list[object]:
     ]
 
 
-def _branches(fields: _Fields) -> Iterator[_Fields]:
+def _branches(fields: Fields) -> Iterator[Fields]:
     """The SELECTs a set operation combines, through nested set operations, except those
     under a set operation with a LIMIT of its own: that one is judged as a level, and its
     branches' locks would tell nothing new (and judging them again for every enclosing
@@ -380,28 +315,28 @@ def _branches(fields: _Fields) -> Iterator[_Fields]:
     pending = [fields]
     while pending:
         level = pending.pop()
-        if level.get("op", _NO_SET_OPERATION) == _NO_SET_OPERATION:
+        if level.get("op", NO_SET_OPERATION) == NO_SET_OPERATION:
             yield level
         elif level is fields or not _limited(level):
-            pending.extend(arm for name in _ARMS if isinstance(arm := level.get(name), dict))
+            pending.extend(arm for name in ARMS if isinstance(arm := level.get(name), dict))
 
 
 def _join_conditions(from_items: object) -> list[object]:
     """The ON conditions of the joins among FROM items (a subquery's are its own)."""
     found: list[object] = []
-    pending = _list(from_items)[:]
+    pending = as_list(from_items)[:]
     while pending:
-        node = _node(pending.pop())
-        if node is not None and node[0] == "JoinExpr":
-            found.append(node[1].get("quals"))
-            pending += [node[1].get("larg"), node[1].get("rarg")]
+        item = node(pending.pop())
+        if item is not None and item[0] == "JoinExpr":
+            found.append(item[1].get("quals"))
+            pending += [item[1].get("larg"), item[1].get("rarg")]
     return found
 
 
 def _locks(clauses: Iterable[object]) -> bool:
     """Whether any of the clauses calls a lock-taking advisory function at this level."""
     return any(
-        kind == "FuncCall" and _function(fields) in LOCKING
+        kind == "FuncCall" and function(fields) in LOCKING
         for clause in clauses
-        for kind, fields in _walk(clause, into_queries=False)
+        for kind, fields in walk(clause, into_queries=False)
     )

@@ -153,6 +153,19 @@ local t = import '../lib/thresholds.libsonnet';
             },
           },
           {
+            alert: 'PgAdvisoryExporterConfigRefused',
+            expr: 'pg_advisory_exporter_config_last_reload_successful' + t.selectorAlone($._config.selector) + ' == 0',
+            'for': t.duration($._config.config_refused_for),
+            labels: {
+              severity: 'warning',
+            },
+            annotations: {
+              summary: 'pg-advisory-exporter {{ $labels.instance }} refused its changed configuration file',
+              description: 'pg-advisory-exporter at {{ $labels.instance }} has refused a reload of its --config.file for ' + t.duration($._config.config_refused_for) + ' and still runs its previous configuration (targets, keys and settings as before): the file on disk is not in effect, and a restart would stop on it. Its log says why.',
+              runbook_url: $._config.runbook_url + '#pgadvisoryexporterconfigrefused',
+            },
+          },
+          {
             alert: 'PgAdvisoryExporterShardsMissing',
             expr: 'max without (instance, pod) (pg_advisory_exporter_shards' + t.selectorAlone($._config.selector) + ') - count without (shard_index) (count_values without (instance, pod) ("shard_index", pg_advisory_exporter_shard_index' + t.selectorAlone($._config.selector) + ')) > 0',
             'for': t.duration($._config.shards_missing_for),

@@ -139,7 +139,9 @@ spec:
             path: {{ . }}
           {{- end }}
         defaultMode: 288  # 0440: the owner and the pod's fsGroup
-        optional: false
+        {{- /* A Secret or key missing downs its target only (the exporter reads each password at
+        every connect), and kubelet adds the file once it exists: no other target is blinded. */}}
+        optional: true
     {{- end }}
     {{- end }}
     {{- with .Values.webConfig.existingSecret }}
