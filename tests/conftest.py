@@ -1,5 +1,6 @@
-"""Fixtures: a real PostgreSQL started by the suite, real sessions, the real exporter, and
-Debian-packaged Prometheus and Alertmanager; and the tiers each test belongs to.
+"""Fixtures: a real PostgreSQL started by the suite, real sessions, the real exporter,
+Prometheus 3 (from Debian sid) and Debian-packaged Alertmanager, promtool of Prometheus 2.42
+and 3; and the tiers each test belongs to.
 
 How a test is classified (`tiers` below; `make test` selects by these markers):
 
@@ -84,6 +85,7 @@ from support import (
     StartService,
     Tls,
     cli_command,
+    prometheus3,
     run_cli,
     wait_until,
     write_config,
@@ -107,13 +109,14 @@ pytest_plugins = ["pytester"]
 # fixture, is marked `pg`.
 SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Fixtures that run another program: the exporter's daemon or command, Prometheus,
-# Alertmanager, PgBouncer, promtool, amtool, kubectl, hadolint, podman, Chromium, the real
-# clients of locking libraries (tests/clients.py: npm's and PyPI's, installed into build/),
-# and any command (run_program: pip, the demo's printed command...).
+# Alertmanager, PgBouncer, promtool (each_promtool: of both Prometheus versions), amtool,
+# kubectl, hadolint, podman, Chromium, the real clients of locking libraries (tests/clients.py:
+# npm's and PyPI's, installed into build/), and any command (run_program: pip, the demo's
+# printed command...).
 PROGRAM_FIXTURES = frozenset(
-    {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "amtool", "kubectl",
-     "hadolint", "podman", "image", "chromium", "lint_imports", "run_program", "npm_clients",
-     "py_clients", "start_client"}
+    {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "each_promtool",
+     "amtool", "kubectl", "hadolint", "podman", "image", "chromium", "lint_imports",
+     "run_program", "npm_clients", "py_clients", "start_client"}
 )  # fmt: skip
 
 
@@ -537,14 +540,16 @@ def one_target() -> OneTarget:
 
 @pytest.fixture
 def start_service(tmp_path: Path) -> Iterator[StartService]:
-    """Start a Debian-packaged server on 127.0.0.1; it is stopped when the test ends."""
+    """Start a server on 127.0.0.1, a Debian-packaged one by its name or any by its path; it
+    is stopped when the test ends."""
     processes: list[subprocess.Popen[bytes]] = []
 
     def start(binary: str, *args: str, ready_path: str) -> int:
-        path = shutil.which(binary)
+        path = binary if os.path.isabs(binary) else shutil.which(binary)
         assert path, f"{binary} is not installed (the test command installs it)"
+        name = Path(binary).name
         port = free_port()
-        log_path = tmp_path / f"{binary}.log"
+        log_path = tmp_path / f"{name}.log"
         process = subprocess.Popen(
             [path, f"--web.listen-address=127.0.0.1:{port}", *args],
             stdout=log_path.open("wb"),
@@ -555,14 +560,14 @@ def start_service(tmp_path: Path) -> Iterator[StartService]:
 
         def ready() -> bool:
             if process.poll() is not None:
-                pytest.fail(f"{binary} exited:\n{log_path.read_text()}")
+                pytest.fail(f"{name} exited:\n{log_path.read_text()}")
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2)
             except OSError:
                 return False
             return True
 
-        wait_until(ready, 30, lambda: f"{binary} ready:\n{log_path.read_text()}", 0.2)
+        wait_until(ready, 30, lambda: f"{name} ready:\n{log_path.read_text()}", 0.2)
         return port
 
     yield start
@@ -579,7 +584,15 @@ def _installed(name: str) -> str:
 
 @pytest.fixture
 def promtool() -> str:
+    """Debian 12's promtool, of Prometheus 2.42."""
     return _installed("promtool")
+
+
+@pytest.fixture(params=["2", "3"], ids=["promtool2", "promtool3"])
+def each_promtool(request: pytest.FixtureRequest) -> str:
+    """promtool of each Prometheus the rules are checked with: Debian 12's 2.42, and 3 (the
+    end-to-end tests' Prometheus)."""
+    return _installed("promtool") if request.param == "2" else prometheus3("promtool")
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.debian import debian_mirror, remove_root
 from pg_advisory_exporter.revision import from_checkout
 
 ROOT = Path(__file__).parent.parent
@@ -135,18 +136,6 @@ def find_hadolint() -> str | None:
     )
 
 
-def debian_mirror(sources: Path = Path("/etc/apt/sources.list.d/debian.sources")) -> str:
-    """The machine's Debian mirror for the base's suite (deb822 format), else Debian's own."""
-    if sources.exists():
-        for stanza in sources.read_text().split("\n\n"):
-            fields = dict(
-                line.split(":", 1) for line in stanza.splitlines() if ":" in line and line[0] != "#"
-            )
-            if BASE_SUITE in fields.get("Suites", "").split():
-                return fields["URIs"].split()[0]
-    return "http://deb.debian.org/debian"
-
-
 def _trim(rootfs: Path) -> None:
     for pattern in BASE_TRIM:
         for path in list(rootfs.glob(pattern)):
@@ -163,26 +152,6 @@ def _trim(rootfs: Path) -> None:
             path.unlink()
 
 
-def _remove_root(rootfs: Path) -> None:
-    """Delete a Debian root made here. debootstrap mounts /proc and /sys inside it (and /dev
-    on some hosts) and unmounts them when it ends; killed by a timeout, it leaves them, and
-    deleting through such a mount would reach the host's files."""
-    prefix = f"{rootfs.resolve()}/"
-    mounts = [
-        line.split()[1]
-        for line in Path("/proc/self/mounts").read_text().splitlines()
-        if line.split()[1].startswith(prefix)
-    ]
-    for mount in sorted(mounts, reverse=True):  # the deepest first
-        subprocess.run(["umount", "--lazy", mount], check=False, capture_output=True)
-    if any(
-        line.split()[1].startswith(prefix)
-        for line in Path("/proc/self/mounts").read_text().splitlines()
-    ):
-        return  # left for a person to look at rather than deleted through a mount
-    shutil.rmtree(rootfs, ignore_errors=True)
-
-
 def ensure_base(podman: Podman) -> str:
     """The local base image, made from a Debian root only when no earlier run has made it:
     the test command runs pytest several times, and only the first pays for debootstrap."""
@@ -195,7 +164,7 @@ def ensure_base(podman: Podman) -> str:
     try:
         bootstrap = subprocess.run(
             ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-             BASE_SUITE, str(rootfs), debian_mirror()],
+             BASE_SUITE, str(rootfs), debian_mirror(BASE_SUITE)],
             check=False, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         if bootstrap.returncode != 0:
@@ -206,7 +175,7 @@ def ensure_base(podman: Podman) -> str:
             assert tar.stdout is not None
             podman.run("import", *changes, "-", BASE_IMAGE, stdin=tar.stdout.fileno(), timeout=300)
     finally:
-        _remove_root(rootfs)
+        remove_root(rootfs)
     return BASE_IMAGE
 
 

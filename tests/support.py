@@ -28,6 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import TupleRow
 
+from devtools.debian_sid import InstallError, prometheus_binary
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.collect.capacity import CapacitySettings
 from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
@@ -541,17 +542,26 @@ class OneTarget(Protocol):
 
 
 class StartService(Protocol):
-    """The `start_service` fixture: a Debian-packaged server; returns its port."""
+    """The `start_service` fixture: a server, Debian-packaged by name or any by its path;
+    returns its port."""
 
     def __call__(self, binary: str, *args: str, ready_path: str) -> int: ...
 
 
+def prometheus3(name: str = "prometheus") -> str:
+    """Prometheus 3's `prometheus` or `promtool`, from Debian sid (devtools/debian_sid.py)."""
+    try:
+        return str(prometheus_binary(name))
+    except InstallError as exc:
+        pytest.fail(str(exc))
+
+
 def start_prometheus(start_service: StartService, folder: Path, config: dict[str, Any]) -> int:
-    """Prometheus with this configuration, written into `folder` (the test's tmp_path, where
-    start_service runs it); its port once ready."""
+    """Prometheus 3 with this configuration, written into `folder` (the test's tmp_path,
+    where start_service runs it); its port once ready."""
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
     return start_service(
-        "prometheus",
+        prometheus3(),
         "--config.file=prometheus.yml",
         "--storage.tsdb.path=prometheus-data",
         ready_path="/-/ready",

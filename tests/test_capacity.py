@@ -1,9 +1,11 @@
-"""The lock table's nominal size: the formula per version, and the running server's own count."""
+"""The lock table's nominal size: the formula per version, the running server's own count,
+and a table filled to it (a hard limit from PostgreSQL 19)."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
-from support import PG_MAJOR, Session
+from support import PG_MAJOR, OneTarget, Session, StartExporter
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.capacity import (
@@ -44,6 +46,9 @@ DEFAULTS = {
         (170011, None, 64 * 123),
         # 18: autovacuum_worker_slots (default 16) replaces autovacuum_max_workers
         (180006, 16, 64 * 136),
+        # 19: as 18 (what a real 19rc1 server held, to the entry, at its own default of
+        # max_locks_per_transaction: 128 x 136 = 17,408)
+        (190000, 16, 64 * 136),
     ],
 )
 def test_default_capacity_per_version(version: int, slots: int | None, expected: int) -> None:
@@ -61,7 +66,7 @@ def test_prepared_transactions_count_like_backends() -> None:
 
 
 def test_versions_without_a_verified_formula_have_no_capacity() -> None:
-    settings = CapacitySettings(server_version_num=190000, autovacuum_worker_slots=16, **DEFAULTS)
+    settings = CapacitySettings(server_version_num=200000, autovacuum_worker_slots=16, **DEFAULTS)
     assert lock_table_capacity(settings) is None
 
 
@@ -105,6 +110,51 @@ def test_capacity_matches_the_running_servers_own_slot_count() -> None:
         server.cleanup()
     assert headers[0] == headers[1], f"slot counts disagree with the server: {headers}"
     assert 0 < headers[0] <= 64, f"implausible Proc Array header of {headers[0]} bytes"
+
+
+_TABLE_ENTRIES = "SELECT count(*) FROM pg_catalog.pg_locks WHERE NOT fastpath"
+_HELD = (
+    "SELECT count(*) FROM pg_catalog.pg_locks"
+    " WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.pg  # starts its own server, to fill its lock table
+def test_the_lock_table_holds_the_exported_capacity_a_hard_limit_from_19(
+    start_exporter: StartExporter, one_target: OneTarget
+) -> None:
+    """One backend takes advisory locks in an otherwise empty lock table. On PostgreSQL 19
+    exactly the exported capacity fit, and the next fails with "out of shared memory"; before
+    19 the table borrows spare shared memory, and the next is taken too."""
+    server = EmbeddedPostgres(major=PG_MAJOR)
+    try:
+        server.start(autovacuum="off")  # no worker to take a lock of its own meanwhile
+        exporter = start_exporter(config=one_target(server.dsn()))
+        capacity = int(exporter.scrape().value("pg_advisory_lock_table_capacity", target="main"))
+        # Its reads take an entry for a moment (pg_database's lock, which is never fast-path):
+        # none may while the table fills.
+        exporter.process.terminate()
+        exporter.process.wait(timeout=15)
+        with server.connect(application_name="lock-table-filler") as conn:
+            assert conn.execute(_TABLE_ENTRIES).fetchone() == (0,)
+            conn.execute(
+                "SELECT count(pg_catalog.pg_advisory_lock(k))"
+                " FROM pg_catalog.generate_series(1::bigint, %s::bigint) AS k",
+                (capacity,),
+            )
+            assert conn.execute(_HELD).fetchone() == (capacity,)
+            if PG_MAJOR >= 19:
+                with pytest.raises(psycopg.errors.OutOfMemory, match="out of shared memory"):
+                    conn.execute("SELECT pg_catalog.pg_advisory_lock(0)")
+                # Full, it fails the exporter's connection too, as the runbook says.
+                full = start_exporter(config=one_target(server.dsn()))
+                assert full.scrape().value("pg_advisory_up", target="main") == 0
+            else:
+                conn.execute("SELECT pg_catalog.pg_advisory_lock(0)")
+                assert conn.execute(_HELD).fetchone() == (capacity + 1,)
+    finally:
+        server.cleanup()
 
 
 def test_entries_leave_out_fast_path_locks_and_count_advisory_ones_apart(

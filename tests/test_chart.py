@@ -1307,7 +1307,7 @@ def test_what_sharding_cannot_do_fails_the_render(values: Values, message: str) 
 
 def _example_job_without_kubernetes(static_configs: list[dict[str, Any]]) -> dict[str, Any]:
     """The example's Prometheus job, the Services that Kubernetes discovery would find given
-    as static targets carrying its labels: Debian's Prometheus has no Kubernetes discovery."""
+    as static targets carrying its labels: the tests' Prometheus has no Kubernetes to discover."""
     prometheus = yaml.safe_load(EXAMPLE_PROMETHEUS.read_text())
     (job,) = prometheus["prometheus"]["prometheusSpec"]["additionalScrapeConfigs"]
     assert job.pop("kubernetes_sd_configs") == [{"role": "service"}]
@@ -1332,7 +1332,7 @@ def _hashmod(value: str, modulus: int) -> int:
 def _routed_by_a_real_prometheus(
     start_service: StartService, tmp_path: Path, job: dict[str, Any], count: int
 ) -> tuple[dict[str, int], int]:
-    """The job in Prometheus 2.42, once it has its `count` targets: the shard each probe's
+    """The job in Prometheus 3, once it has its `count` targets: the shard each probe's
     target goes to (a pod of the example chart's StatefulSet, by its stable name, with its
     auth module), and the number of shards."""
     documents = render(VALUE_SETS["example-sharded-discovery"])
@@ -1368,7 +1368,7 @@ def _routed_by_a_real_prometheus(
 def test_a_real_prometheus_routes_each_discovered_database_to_one_shard(
     start_service: StartService, tmp_path: Path
 ) -> None:
-    """The example's job in Prometheus 2.42: every CloudNativePG read-write Service is probed
+    """The example's job in Prometheus 3: every CloudNativePG read-write Service is probed
     at one pod of the StatefulSet, the one hashmod of its host picks, by its stable name."""
     clusters = [f"c{i:02d}" for i in range(30)]
     services = [
@@ -1386,7 +1386,7 @@ def test_a_real_prometheus_routes_each_discovered_database_to_one_shard(
 def test_a_real_prometheus_routes_every_database_of_a_server_to_its_shard(
     start_service: StartService, tmp_path: Path
 ) -> None:
-    """The example's job in Prometheus 2.42, probing several databases of each server, the
+    """The example's job in Prometheus 3, probing several databases of each server, the
     port written or left out: every database of a server is probed at the one pod that
     hashmod of the server's host picks, and every pod gets servers."""
     hosts = [f"c{i:02d}-rw.payments.svc.cluster.local" for i in range(30)]

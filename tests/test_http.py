@@ -96,7 +96,7 @@ def test_concurrent_scrapes_all_answer(exporter: RunningExporter) -> None:
 
 
 def test_promtool_accepts_a_scrape_with_every_scenario(
-    exporter: RunningExporter, session: Session, promtool: str
+    exporter: RunningExporter, session: Session, each_promtool: str
 ) -> None:
     session("leaked").execute("SELECT pg_advisory_lock(1)")
     session("readers").execute("SELECT pg_advisory_lock_shared(2, 3)")
@@ -107,7 +107,11 @@ def test_promtool_accepts_a_scrape_with_every_scenario(
     text = body.decode()
     assert 'application_name="odd \\"name\\" \\\\ here"' in text
     result = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+        [each_promtool, "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     in_transaction.rollback()

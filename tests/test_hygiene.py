@@ -89,7 +89,7 @@ def server() -> Iterator[EmbeddedPostgres]:
     try:
         server.start(
             shared_preload_libraries="pg_stat_statements",
-            unix_socket_directories=str(server.basedir),
+            unix_socket_directories=server.server_path(server.basedir),
         )
         with server.connect() as conn:
             conn.execute("CREATE DATABASE nostatements")

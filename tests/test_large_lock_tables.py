@@ -45,13 +45,15 @@ def _temporary_blocks(conn: psycopg.Connection[tuple[object, ...]]) -> int:
 
 
 @pytest.mark.pg  # starts its own server
-@pytest.mark.any_version  # how a tuplestore spills does not depend on the version
+@pytest.mark.any_version  # the exporter's session never spills, whatever the version
 def test_the_collection_keeps_its_rows_in_memory_where_a_default_session_spills(
     crowded: EmbeddedPostgres,
 ) -> None:
     with crowded.connect() as default, crowded.connect() as exporter:
         prepare_session(exporter, CollectionSettings())
-        assert _temporary_blocks(default) > 0  # at the server's work_mem, the rows spill
+        # At the server's work_mem the rows spill to disk before PostgreSQL 18; on 18 and 19
+        # the same statement writes no temporary block at all.
+        assert (_temporary_blocks(default) > 0) is (PG_MAJOR < 18)
         assert _temporary_blocks(exporter) == 0
         row = exporter.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
         assert row.fetchone() == (LOCKS,)

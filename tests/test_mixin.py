@@ -118,11 +118,11 @@ def test_the_mixin_renders_from_its_own_folder_alone(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("thresholds", [{}, TUNED_THRESHOLDS], ids=["defaults", "tuned"])
 def test_promtool_accepts_the_rendered_rules(
-    tmp_path: Path, promtool: str, thresholds: dict[str, Any]
+    tmp_path: Path, each_promtool: str, thresholds: dict[str, Any]
 ) -> None:
     path = tmp_path / "alerts.yaml"
     path.write_text(_render("std.manifestYamlDoc(mixin.prometheusAlerts)", thresholds, ROOT))
     result = subprocess.run(
-        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+        [each_promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 import yaml
+from support import PG_MAJOR
 
+from devtools.embedded_postgres import SID_MAJORS, EmbeddedPostgres
 from pg_advisory_exporter.config.model import FileConfig
 from pg_advisory_exporter.keys.registry import check_configs
 
@@ -88,6 +90,19 @@ def test_the_registry_example_is_valid() -> None:
 def test_the_readme_is_a_front_page() -> None:
     lines = len(README.read_text().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move depth into docs/"
+
+
+def test_the_readme_names_the_server_the_tests_run(pg: EmbeddedPostgres) -> None:
+    """Its major version among those supported; for one from Debian sid, which installs
+    whatever Debian has newest (a release candidate, then the release), its exact version."""
+    with pg.connect() as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    assert row is not None
+    section = README.read_text().split("\n## Supported PostgreSQL versions\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    assert re.search(rf"\b{PG_MAJOR}\b", section.split(";", 1)[0]), section
+    if PG_MAJOR in SID_MAJORS:
+        assert f"`{row[0]}`" in section, f"the README does not name the tested {row[0]}"
 
 
 def test_the_readme_links_every_document() -> None:

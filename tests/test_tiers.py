@@ -14,7 +14,7 @@ from _pytest.mark.expression import Expression
 from conftest import tiers
 
 MAKEFILE = Path(__file__).parent.parent / "Makefile"
-VERSIONS = ("15", "14", "16", "17", "18")
+VERSIONS = ("15", "14", "16", "17", "18", "19")
 
 
 def _runs() -> dict[str, str]:

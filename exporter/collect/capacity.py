@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MIN_SERVER_VERSION = 140000  # pg_locks.waitstart, which the wait metrics read, is new in 14
-# PostgreSQL 19 changed how the lock table is sized (its release notes ask to double
-# max_locks_per_transaction to keep the old capacity); the formula below is verified up to 18.
-NEXT_UNVERIFIED_VERSION = 190000
+# The formula below is verified up to 19 (against the source up to 18, and on real servers
+# of each version: tests/test_capacity.py); a later version may size the table otherwise.
+NEXT_UNVERIFIED_VERSION = 200000
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def max_backends(settings: CapacitySettings) -> int:
     common = settings.max_connections + settings.max_worker_processes + settings.max_wal_senders
     if settings.server_version_num >= 180000:
         # 18 reserves autovacuum_worker_slots, not autovacuum_max_workers, and counts two
-        # special workers (the autovacuum launcher and the slot sync worker).
+        # special workers (the autovacuum launcher and the slot sync worker); 19 the same.
         if settings.autovacuum_worker_slots is None:
             raise ValueError("PostgreSQL 18 needs autovacuum_worker_slots")
         return common + settings.autovacuum_worker_slots + 2
@@ -42,9 +42,11 @@ def max_backends(settings: CapacitySettings) -> int:
 def lock_table_capacity(settings: CapacitySettings) -> int | None:
     """NLOCKENTS() in src/backend/storage/lmgr/lock.c: the entries the lock table is sized for.
 
-    Before PostgreSQL 19 this is not a hard limit: the table can borrow spare shared memory,
-    so a server fails with "out of shared memory" somewhat above it, at a point that cannot
-    be predicted. Alert well below it. None for versions whose formula is not verified.
+    On PostgreSQL 19 this is a hard limit: the table is allocated whole at server start, and
+    the lock request after its last entry fails with "out of shared memory" (53200), whatever
+    shared memory is spare. Before 19 it is not: the table can borrow spare shared memory,
+    so a server fails somewhat above it, at a point that cannot be predicted. Alert well
+    below it either way. None for versions whose formula is not verified.
     """
     if settings.server_version_num >= NEXT_UNVERIFIED_VERSION:
         return None

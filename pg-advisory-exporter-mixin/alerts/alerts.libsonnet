@@ -109,7 +109,7 @@ local t = import '../lib/thresholds.libsonnet';
             },
             annotations: {
               summary: 'Deadlocks in database {{ $labels.datname }} on {{ $labels.target }}',
-              description: '{{ $value | humanize }} deadlocks in database {{ $labels.datname }} on {{ $labels.target }} in the last ' + t.duration($._config.deadlocks_window) + ': sessions take the same locks in different orders.',
+              description: '{{ $value | printf "%.0f" }} deadlocks in database {{ $labels.datname }} on {{ $labels.target }} in the last ' + t.duration($._config.deadlocks_window) + ': sessions take the same locks in different orders.',
               runbook_url: $._config.runbook_url + '#pgadvisorydeadlocks',
             },
           },
@@ -252,7 +252,7 @@ local t = import '../lib/thresholds.libsonnet';
             },
             annotations: {
               summary: '{{ $labels.application_name }} unlocked advisory locks it did not hold',
-              description: 'Sessions of {{ $labels.application_name }} in database {{ $labels.datname }} on {{ $labels.target }} unlocked advisory locks they did not hold: {{ $value | humanize }} in the last ' + t.duration($._config.unlocks_not_held_window) + ' (threshold ' + std.toString($._config.unlocks_not_held) + '), as the server logged (you don\'t own a lock of type ...). The lock each meant to release is still held somewhere, most likely by another connection of a transaction pool; see pg_advisory_pooled_session_locks and the holders.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
+              description: 'Sessions of {{ $labels.application_name }} in database {{ $labels.datname }} on {{ $labels.target }} unlocked advisory locks they did not hold: {{ $value | printf "%.0f" }} in the last ' + t.duration($._config.unlocks_not_held_window) + ' (threshold ' + std.toString($._config.unlocks_not_held) + '), as the server logged (you don\'t own a lock of type ...). The lock each meant to release is still held somewhere, most likely by another connection of a transaction pool; see pg_advisory_pooled_session_locks and the holders.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
               runbook_url: $._config.runbook_url + '#pgadvisoryunlocknotheld',
             },
           },
@@ -265,7 +265,7 @@ local t = import '../lib/thresholds.libsonnet';
             },
             annotations: {
               summary: 'The lock table of {{ $labels.target }} was full: statements could not take a lock',
-              description: 'Statements on {{ $labels.target }} failed because the shared lock table was full: {{ $value | humanize }} in the last ' + t.duration($._config.out_of_shared_memory_window) + ', as the server logged (ERROR: out of shared memory, a hint to raise max_locks_per_transaction). Queries have failed, whatever the table holds now; every lock type shares it. pg_advisory_log_out_of_shared_memory_total says which applications failed.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
+              description: 'Statements on {{ $labels.target }} failed because the shared lock table was full: {{ $value | printf "%.0f" }} in the last ' + t.duration($._config.out_of_shared_memory_window) + ', as the server logged (ERROR: out of shared memory, a hint to raise max_locks_per_transaction). Queries have failed, whatever the table holds now; every lock type shares it. pg_advisory_log_out_of_shared_memory_total says which applications failed.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
               runbook_url: $._config.runbook_url + '#pglocktableoutofsharedmemory',
             },
           },
