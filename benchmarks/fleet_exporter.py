@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from pg_advisory_exporter import logs
+from pg_advisory_exporter.collect.directory import Directory
 from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.loader import load
@@ -39,12 +40,13 @@ class DistinctServers(Daemon):
         old_targets: Mapping[str, Target],
         old_servers: Mapping[str, Server],
     ) -> tuple[dict[str, Target], dict[str, Server]]:
-        # No reuse across reloads (the benchmark never reloads), and no directory: a server
-        # without one is never merged with another by its identity.
+        # No reuse across reloads (the benchmark never reloads), and a directory of its own
+        # for each server: none is merged with another by its identity.
         targets: dict[str, Target] = {}
         servers: dict[str, Server] = {}
         for rank, config in enumerate(configs):
-            server = servers[config.name] = Server(config, self.pool, self._watchdog)
+            server = Server(config, self.pool, self._watchdog, Directory())
+            servers[config.name] = server
             targets[config.name] = Target(
                 config,
                 self.pool,

@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from . import __version__, logs
+from .collect.directory import Directory
 from .collect.scheduling import CollectionPool, Watchdog
-from .collect.server import Directory, Server
+from .collect.server import Server
 from .collect.target import Target
 from .config.dsn import server_of
 from .config.model import split_listen_address
@@ -52,7 +53,7 @@ class Daemon:
         self._reloaded: tuple[bool, float] = (True, time.time())
         # The configured targets' servers by identity: two targets that reach one server
         # under two names read it once.
-        self._directory = Directory()
+        self._directory: Directory[Server] = Directory()
         # Another shard's targets are not connected to at all.
         self._targets, self._servers = self._arrange(_own(config), {}, {})
         # Their /locks answers, read on request only: a reload that changes a target makes

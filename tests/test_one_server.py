@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import urllib.parse
 import urllib.request
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from support import (
     MONITOR_PASSWORD,
@@ -29,9 +31,11 @@ from support import (
     monitor_module,
     start_prometheus,
     wait_until,
+    write_config,
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
 
 # Version-independent (tests/conftest.py): how the exporter shares a server's collections
 # between its targets, and how the rules count them.
@@ -334,3 +338,91 @@ def test_made_up_databases_and_other_spellings_of_one_server_open_no_connection(
         r"connection authorized: user=monitor .*application_name=pg-advisory-exporter statements$"
     )
     assert len(re.findall(reader, log, flags=re.MULTILINE)) <= 1
+
+
+def _exporter_roles(server: EmbeddedPostgres) -> list[str]:
+    """The role of each connection the exporter keeps to the server (its rare reads of
+    pg_stat_statements, on connections of their own, left out)."""
+    with server.connect() as conn:
+        rows = conn.execute(
+            "SELECT usename FROM pg_stat_activity WHERE application_name = %s ORDER BY pid",
+            (APPLICATION_NAME,),
+        ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def test_the_first_in_the_file_reads_a_server_named_three_ways_whichever_connects_first(
+    own_server: EmbeddedPostgres, start_exporter: StartExporter, tmp_path: Path
+) -> None:
+    """By address, by host name and by Unix socket, with three roles: only the first has the
+    grant. The first cannot connect at the start (its password file is not there yet): the
+    others read the server. Once it connects, it reads it, with its role: one connection,
+    the leak signal that only its grant shows. A reload that puts the socket first hands the
+    server to the socket's role."""
+    own_server.stop()
+    own_server.start(unix_socket_directories=own_server.server_path(own_server.basedir))
+    passwords = {role: f"{role}-secret" for role in ("granted", "bare", "local")}
+    with own_server.connect() as conn:
+        for role, password in passwords.items():
+            conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        conn.execute("GRANT pg_read_all_stats TO granted")
+    for role, password in passwords.items():
+        if role != "granted":
+            (tmp_path / role).write_text(password)
+    # A lock left in an open transaction: idle in transaction, which only a role with the
+    # grant can tell from any other state (without it: "unknown", no idle time).
+    leak = psycopg.connect(own_server.dsn(), application_name="billing-worker")
+    leak.execute("SELECT pg_advisory_xact_lock(7310001)")
+    dsn = "host={} port={} user={} dbname=postgres"
+    targets = [
+        ("by-address", "127.0.0.1", "granted"),
+        ("by-name", "localhost", "bare"),
+        ("by-socket", str(own_server.basedir), "local"),
+    ]
+    config: Config = {
+        "collection": {"min_interval": "100ms"},
+        "targets": [
+            {"name": name, "dsn": dsn.format(host, own_server.port, role),
+             "password_file": str(tmp_path / role)}
+            for name, host, role in targets
+        ],
+    }  # fmt: skip
+    exporter = start_exporter(config=config)
+    try:
+        early = exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="by-name") == 1)
+        assert early.value("pg_advisory_up", target="by-address") == 0
+        assert early.value("pg_advisory_exporter_insufficient_privilege", target="by-name") == 1
+        (tmp_path / "granted").write_text(passwords["granted"])
+
+        def read_by_the_first(scrape: Scrape) -> bool:
+            return scrape.find(
+                "pg_advisory_exporter_insufficient_privilege", target="by-address"
+            ) == [({"target": "by-address"}, 0.0)] and _exporter_roles(own_server) == ["granted"]
+
+        settled = exporter.scrape_until(read_by_the_first)
+        for name, _, _ in targets:
+            assert settled.value("pg_advisory_up", target=name) == 1
+        # The whole server's series, and its leak, on the first target only.
+        assert {labels["target"] for labels, _ in settled.find("pg_advisory_locks")} == {
+            "by-address"
+        }
+        idle = settled.find("pg_advisory_idle_holder_max_seconds", state="idle_in_transaction")
+        assert [labels["target"] for labels, _ in idle] == ["by-address"]
+        assert 'msg="answers for its server" target=by-address' in exporter.log()
+
+        # A reload that puts the socket first: its role reads now, and the others through it.
+        config["targets"] = [config["targets"][2], *config["targets"][:2]]
+        write_config(tmp_path, config, f"config-{exporter.port}.yaml")
+        exporter.process.send_signal(signal.SIGHUP)
+        exporter.scrape_until(
+            lambda s: (
+                s.find("pg_advisory_exporter_insufficient_privilege", target="by-socket")
+                == [({"target": "by-socket"}, 1.0)]
+                and _exporter_roles(own_server) == ["local"]
+            )
+        )
+        for _ in range(5):  # and stays so: one connection to the server
+            time.sleep(0.2)
+            assert _exporter_roles(own_server) == ["local"]
+    finally:
+        leak.close()

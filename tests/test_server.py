@@ -1,5 +1,7 @@
-"""Which target answers for a server, and how a server found under a second address reads
-through the first: without a server, the identities given and the clock driven."""
+"""Who reads a running server and which target answers for it (collect/directory.py): of the
+servers found to reach one, the first in rank reads it whichever connected first; of the
+targets that read it, the first in rank answers. Without a server: identities given, the
+clock driven."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import pytest
 from support import Clock
 
 from pg_advisory_exporter.collect.connection import ServerIdentity
+from pg_advisory_exporter.collect.directory import SAME_SERVER_RECHECK, Directory
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
-from pg_advisory_exporter.collect.server import SAME_SERVER_RECHECK, Directory, Server, _ReadThrough
+from pg_advisory_exporter.collect.server import Server, _ReadThrough
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.model import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
@@ -21,9 +24,11 @@ PRIMARY = ServerIdentity(STARTED, 7714447076430879015)
 # A physical standby shares its primary's system identifier; its postmaster started apart.
 STANDBY = ServerIdentity(STARTED.replace(second=5), 7714447076430879015)
 
+Parts = tuple[CollectionPool, Watchdog]
+
 
 @pytest.fixture
-def parts() -> Iterator[tuple[CollectionPool, Watchdog]]:
+def parts() -> Iterator[Parts]:
     pool = CollectionPool(1)
     yield pool, Watchdog()
     pool.shutdown()
@@ -39,69 +44,81 @@ def _settings(name: str) -> TargetSettings:
     )
 
 
-def _server(
-    parts: tuple[CollectionPool, Watchdog], name: str, directory: Directory, clock: Clock
-) -> Server:
-    return Server(_settings(name), *parts, directory, clock)
+def _made(
+    parts: Parts, directory: Directory[Server], clock: Clock, *names: str
+) -> list[tuple[Server, Target]]:
+    """A server for each name, and its one target, ranked in the order given (the file's)."""
+    found = []
+    for rank, name in enumerate(names):
+        server = Server(_settings(name), *parts, directory, clock)
+        found.append((server, Target(_settings(name), *parts, server=server, rank=(rank,))))
+    return found
 
 
-def test_the_first_to_claim_an_identity_reads_it_and_a_standby_is_another_server(
-    parts: tuple[CollectionPool, Watchdog],
-) -> None:
-    directory, clock = Directory(), Clock()
-    first, second, standby = (_server(parts, n, directory, clock) for n in ("a", "b", "c"))
-    assert directory.claim(first, PRIMARY) is first
-    assert directory.claim(second, PRIMARY) is first
-    assert directory.claim(standby, STANDBY) is standby
-    # A restart gives the server a new identity: the old one is free for whoever finds it.
+def test_the_first_in_rank_reads_a_server_whichever_connected_first(parts: Parts) -> None:
+    directory: Directory[Server] = Directory()
+    clock = Clock()
+    (ip, on_ip), (name, _), (socket, _), (standby, _) = _made(
+        parts, directory, clock, "by-ip", "by-name", "by-socket", "standby"
+    )
+    # The socket connects first: it reads, until one first in rank finds the same server.
+    assert directory.claim(socket, PRIMARY) is socket
+    assert directory.claim(name, PRIMARY) is name
+    assert directory.reader(socket) is name
+    assert directory.claim(ip, PRIMARY) is ip
+    assert [directory.reader(s) for s in (ip, name, socket)] == [ip, ip, ip]
+    assert directory.claim(standby, STANDBY) is standby  # another server
+    # Its targets answer for it: the first in rank of those that read it.
+    assert directory.answering(ip, None) is on_ip
+    # A restart gives the server a new identity: each finds it anew.
     restarted = ServerIdentity(STARTED.replace(minute=9), PRIMARY.system_identifier)
-    assert directory.claim(first, restarted) is first
-    assert directory.claim(second, PRIMARY) is second
-    # A closed reader is replaced.
-    second.close()
-    assert directory.claim(first, PRIMARY) is first
+    assert directory.claim(socket, restarted) is socket
+    assert directory.reader(name) is ip
+    # The first cannot connect any more (or is closed by a reload): the next in rank reads.
+    directory.forget(ip)
+    assert directory.reader(name) is name
+    assert directory.claim(ip, PRIMARY) is ip
 
 
-def test_a_second_address_reads_through_the_first_until_the_recheck(
-    parts: tuple[CollectionPool, Watchdog],
-) -> None:
-    clock, directory = Clock(), Directory()
-    node, vip = (_server(parts, name, directory, clock) for name in ("node", "vip"))
+def test_a_second_address_reads_through_the_first_until_the_recheck(parts: Parts) -> None:
+    clock = Clock()
+    directory: Directory[Server] = Directory(clock)
+    (node, on_node), (vip, on_vip) = _made(parts, directory, clock, "orders", "primary")
     node._claim(PRIMARY)
     with pytest.raises(_ReadThrough) as through:
-        vip._claim(PRIMARY)
-    assert through.value.collection.error == "the same server as node, not read yet"
+        vip._claim(ServerIdentity(PRIMARY.started, PRIMARY.system_identifier))
+    assert through.value.collection.error == "the same server as orders, not read yet"
+    assert through.value.collection.answering is on_node
     assert vip.reader() is node
-    on_node = Target(_settings("orders"), *parts, server=node, rank=(0,))
-    on_vip = Target(_settings("primary"), *parts, server=vip, rank=(1,))
-    # Read once, through the node: the target of lowest rank answers for the server.
-    assert node.targets() == [on_node, on_vip]
-    assert on_node.answers_for_server()
-    assert not on_vip.answers_for_server()
+    assert directory.answering(node, None) is on_node
     # The virtual address may come to reach another server: it is checked again.
     clock.now += SAME_SERVER_RECHECK
     assert vip.reader() is vip
-    assert node.targets() == [on_node]
-    assert on_vip.answers_for_server()
+    assert directory.answering(node, None) is on_node
+    assert directory.answering(vip, None) is on_vip
     # A reader that is closed (a reload removed it) leaves the other to read on its own.
     with pytest.raises(_ReadThrough):
-        vip._claim(PRIMARY)
+        vip._claim(ServerIdentity(PRIMARY.started, PRIMARY.system_identifier))
     assert vip.reader() is node
     node.close()
     assert vip.reader() is vip
 
 
-def test_a_whole_server_target_answers_for_it_before_any_database_target(
-    parts: tuple[CollectionPool, Watchdog],
-) -> None:
-    server = _server(parts, "pg-1:5432", Directory(), Clock())
+def test_a_whole_server_target_answers_for_it_before_any_database_target(parts: Parts) -> None:
+    directory: Directory[Server] = Directory()
+    server = Server(_settings("pg-1:5432"), *parts, directory, Clock())
     made = [
         Target(_settings(f"pg-1:5432/{db}"), *parts, server=server, database=db, rank=(1, i))
         for i, db in enumerate(("orders", "billing"))
     ]
-    assert [t.answers_for_server() for t in made] == [True, False]
+    assert directory.answering(server, None) is made[0]
+    # Of a database the server does not have (dropped since), never.
+    assert directory.answering(server, frozenset({"billing"})) is made[1]
     whole = Target(_settings("pg-1:5432"), *parts, server=server, rank=(0, 2))
-    assert [t.answers_for_server() for t in (*made, whole)] == [False, False, True]
+    assert directory.answering(server, frozenset({"orders", "billing"})) is whole
     whole.close()  # not the server: its other targets read on
-    assert made[0].answers_for_server()
+    assert directory.answering(server, None) is made[0]
     assert not server.closed
+    # A reload reorders them: the next collection says which answers.
+    made[1].rank = (0, 0)
+    assert directory.answering(server, None) is made[1]

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
 
 import psycopg
 
@@ -18,6 +17,7 @@ from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.sharing import Shared, Turn
 
 from .connection import ServerConnection, ServerIdentity
+from .directory import Directory, View
 from .holds import NO_HOLDS, Holds, HoldTracker
 from .kept_connection import CannotCollect
 from .poolers import Poolers, PoolerView
@@ -36,23 +36,6 @@ _POOLER_MARGIN = 0.5
 # poolers would starve the pool (docs/forensics.md, "Session locks stranded in a pool").
 POOLER_WAIT = 0.5
 _POOLER_SHARE = 0.25
-# How long a server found to be another one under a second address reads through that one
-# before it connects once more to check: an address (a virtual IP, a DNS name) may come to
-# reach another server, and then it must be read on its own again.
-SAME_SERVER_RECHECK = 300.0
-
-
-class Reader(Protocol):
-    """What a server knows of a target that reads it (target.Target)."""
-
-    @property
-    def database(self) -> str | None: ...
-
-    @property
-    def rank(self) -> tuple[int, ...]: ...
-
-    @property
-    def server(self) -> Server: ...
 
 
 @dataclass(frozen=True)
@@ -67,36 +50,13 @@ class Collection:
     # The last read of pg_stat_statements when the collection ended (read apart, rarely).
     statements: StatementsRead | None = None
     holds: Holds = NO_HOLDS  # how long each lock seen has been held (holds.py)
+    # The target that answers for the server (it carries the whole server's series), as the
+    # server's directory decided when the collection ended (directory.py).
+    answering: View | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-class Directory:
-    """The servers of one family (the configured targets, or one auth module's discovered
-    ones) by their identity: the first to claim an identity reads that server, and any other
-    that reaches it under another address reads through the first (`Server.reader`)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._readers: dict[ServerIdentity, Server] = {}
-
-    def claim(self, server: Server, identity: ServerIdentity) -> Server:
-        """The server that reads `identity`: `server` itself unless another open one does."""
-        with self._lock:
-            for known, reader in list(self._readers.items()):
-                if reader is server and known != identity:  # restarted: a new identity
-                    del self._readers[known]
-            found = self._readers.get(identity)
-            if found is None or found.closed:
-                self._readers[identity] = found = server
-            return found
-
-    def release(self, server: Server) -> None:
-        with self._lock:
-            for known in [k for k, reader in self._readers.items() if reader is server]:
-                del self._readers[known]
 
 
 class Server:
@@ -106,8 +66,8 @@ class Server:
     `min_interval` of the last collection gets that collection. So any number of targets,
     Prometheus replicas and dashboards cause at most one read of pg_locks per interval.
     Each collection runs on the pool, one at a time, within a deadline the watchdog keeps.
-    A server whose connection turns out to reach a server that another of its `directory`
-    already reads closes it and reads through that one (for SAME_SERVER_RECHECK at a time).
+    A server whose connection turns out to reach a running server that a server of its
+    `directory` first in rank reads, closes it and reads through that one (directory.py).
     """
 
     def __init__(
@@ -115,7 +75,7 @@ class Server:
         config: TargetSettings,
         pool: CollectionPool,
         watchdog: Watchdog,
-        directory: Directory | None = None,
+        directory: Directory[Server],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = config.name
@@ -137,13 +97,7 @@ class Server:
         self._databases: frozenset[str] | None = None  # the last successful collection saw
         self._last_collection_unix: float | None = None
         self._errors_total = 0
-        self._via: Server | None = None  # the server this one reads through, until _via_until
-        self._via_until = 0.0
         self._closed = False
-        self._targets: list[Reader] = []  # that read this server (or through it)
-        self._through: set[Server] = set()  # servers that read through this one
-        self._changes = 0  # of _targets: which cached answer of answering() still holds
-        self._answering: tuple[object, Reader | None] = ((), None)
         # Used by the collection only, and collections of one server never overlap.
         self._claimed: ServerIdentity | None = None
         self._holds = HoldTracker()
@@ -152,72 +106,13 @@ class Server:
     # -- who reads it ------------------------------------------------------------------------
 
     def reader(self) -> Server:
-        """The server whose collections this one's targets get: itself, or the one it was
-        found to be (while that one is open and the recheck is not due)."""
-        server: Server = self
-        while (via := server._reading_through()) is not None:
-            server = via
-        return server
+        """The server whose collections this one's targets get: itself, or the one first in
+        rank of those found to reach the same running server (directory.py)."""
+        return self._directory.reader(self)
 
-    def _reading_through(self) -> Server | None:
-        with self._state:
-            via = self._via
-            if via is not None and (via.closed or self._clock() >= self._via_until):
-                self._via = None
-                via._forget_through(self)
-                return None
-            return via
-
-    def attach(self, target: Reader) -> None:
-        with self._state:
-            self._targets.append(target)
-            self._changes += 1
-
-    def detach(self, target: Reader) -> None:
-        with self._state:
-            if target in self._targets:
-                self._targets.remove(target)
-                self._changes += 1
-
-    def changed(self) -> None:
-        """A target's rank changed: which one answers for the server is worked out again."""
-        with self._state:
-            self._changes += 1
-
-    def targets(self) -> list[Reader]:
-        """The targets that read this server, directly or through a server found to be it."""
-        with self._state:
-            found, through = list(self._targets), list(self._through)
-        for server in through:
-            if server.reader() is self:
-                found += server.targets()
-        return found
-
-    def answering(self) -> Reader | None:
-        """Of the targets that read this server, the one that answers for it: of lowest
-        rank, a whole-server one or one of a database the server has (Target). Worked out
-        again only when the targets or the databases change: a fleet of names for one server
-        asks at every scrape, once per target."""
-        with self._state:
-            through = sorted(self._through, key=id)
-            databases = self._databases
-            key = (self._changes, databases, [(s, s._changes) for s in through])
-            cached_key, cached = self._answering
-        if cached_key == key and (cached is None or cached.server.reader() is self):
-            return cached
-        candidates = [
-            t
-            for t in self.targets()
-            if t.database is None or databases is None or t.database in databases
-        ]
-        found = min(candidates, key=lambda t: t.rank, default=None)
-        with self._state:
-            self._answering = (key, found)
-        return found
-
-    def _forget_through(self, server: Server) -> None:
-        with self._state:
-            self._through.discard(server)
+    @property
+    def directory(self) -> Directory[Server]:
+        return self._directory
 
     @property
     def registry(self) -> Registry:
@@ -242,7 +137,9 @@ class Server:
         enqueue with the rest of a fleet's.
         """
         reader = self.reader()
-        if reader is not self:
+        if reader is not self and not self._connection.is_open():
+            # One read through the other; an open connection of its own is closed first, in
+            # a collection of its own (_read), never under a collection running on it.
             return reader.begin(urgent, queue)
         now = self._clock()
         asked = self._collections.ask(fresh=lambda _: self._connection.backing_off(now))
@@ -276,7 +173,12 @@ class Server:
         """What a scrape reports when the collection is not done in time (it is not recorded:
         the collection goes on, and is recorded when it ends or its deadline passes)."""
         now = self._clock()
-        return Collection(now, now - self._collections.started(), error="collection timed out")
+        return Collection(
+            now,
+            now - self._collections.started(),
+            error="collection timed out",
+            answering=self._directory.answering(self, self.databases()),
+        )
 
     def last(self) -> Collection | None:
         return self._collections.last()
@@ -301,11 +203,7 @@ class Server:
         """Close the connection; one in use is interrupted, and its collection closes it."""
         with self._state:
             self._closed = True
-            via, self._via = self._via, None
-        if via is not None:
-            via._forget_through(self)
-        if self._directory is not None:
-            self._directory.release(self)
+        self._directory.forget(self)
         self._connection.close()
         self._poolers.close()
 
@@ -362,10 +260,12 @@ class Server:
             return through.collection
         except CannotCollect as exc:
             self._connection.drop()
+            self._directory.forget(self)  # it reaches no server: another may read that one
             return self._failed(started, str(exc))
         except psycopg.Error as exc:
             if self._connection_lost(expired):
                 self._connection.drop()
+                self._directory.forget(self)
             return self._failed(started, self._describe(exc, expired))
         self._check_privilege(snapshot)
         holds = self._holds.update(snapshot, self._connection.registry)
@@ -381,9 +281,15 @@ class Server:
             poolers,
             statements=self._statements.last(),
             holds=holds,
+            answering=self._answering(snapshot.databases),
         )
 
     def _snapshot(self) -> ServerSnapshot:
+        if self.reader() is not self:
+            # Found to be a server that another, first in rank, reads: since this one last
+            # read it, or since that one connected. One connection to a server.
+            self._connection.drop()
+            raise self._read_through()
         conn = self._connection.connection()
         self._claim(self._connection.identity)
         snapshot = read_snapshot(conn, self._connection.registry)
@@ -391,30 +297,38 @@ class Server:
         return snapshot
 
     def _claim(self, identity: ServerIdentity | None) -> None:
-        """At each new connection: read through the server that another address of this
-        one reaches, if its directory has one (raises _ReadThrough), else claim it."""
-        if self._directory is None or identity is None or identity == self._claimed:
+        """At each new connection: tell the directory which running server it reached; if a
+        server first in rank reads that one, close it and read through that one (raises
+        _ReadThrough)."""
+        if identity is None or identity is self._claimed:
             return
+        self._claimed = identity
         reader = self._directory.claim(self, identity)
         if reader is self:
-            self._claimed = identity
             return
-        self._connection.drop()  # one connection to a server, not one per address
-        with self._state:
-            self._via, self._via_until = reader, self._clock() + SAME_SERVER_RECHECK
-        with reader._state:
-            reader._through.add(self)
+        self._connection.drop()
         log.warning(
-            "the same server as another target; reading it through that one",
+            "the same server as another target, first in the file; reading it through that one",
             extra={"target": self.name, "same_as": reader.name, "server": str(identity)},
         )
+        raise self._read_through()
+
+    def _read_through(self) -> _ReadThrough:
+        reader = self.reader()
         last = reader.last()
+        if last is not None:
+            return _ReadThrough(last)
         now = self._clock()
-        raise _ReadThrough(
-            last
-            if last is not None
-            else Collection(now, 0.0, error=f"the same server as {reader.name}, not read yet")
-        )
+        error = f"the same server as {reader.name}, not read yet"
+        answering = self._directory.answering(reader, None)
+        return _ReadThrough(Collection(now, 0.0, error=error, answering=answering))
+
+    def _answering(self, databases: frozenset[str] | None) -> View | None:
+        """The target that answers for the server, logged when it changes."""
+        found = self._directory.answering(self, databases)
+        if found is not None and self._said.changed("answering", found.name):
+            log.info("answers for its server", extra={"target": found.name, "server": self.name})
+        return found
 
     def _read_poolers(self, started: float) -> tuple[PoolerView, ...]:
         """The poolers, read after the server (so that they know its backends) for at most
@@ -460,7 +374,12 @@ class Server:
         else:
             log.debug("collection failed again", extra={"target": self.name, "error": error})
         finished = self._clock()
-        return Collection(finished, finished - started, error=error)
+        return Collection(
+            finished,
+            finished - started,
+            error=error,
+            answering=self._answering(self.databases()),
+        )
 
     def _check_privilege(self, snapshot: ServerSnapshot) -> None:
         can_read = snapshot.can_read_all_stats

@@ -13,10 +13,11 @@ from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.endpoints import LOCKS_PATH
 from pg_advisory_exporter.metrics import Sample, locks_page_info
 
+from .directory import Directory
 from .holds import NO_HOLDS, Holds
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .series import server_samples, target_series
-from .server import Collection, Directory, Server
+from .server import Collection, Server
 from .server_log import ServerLog
 from .statements import StatementsRead, statements_samples
 
@@ -39,8 +40,8 @@ class Target:
     one server, one answers for the server itself, its *server target*: the series that
     describe the whole server (the lock table, its settings' info, the exporter's own
     collection series) appear there only, so that they are counted once however many of its
-    databases are probed. It is the target of lowest `rank`: a whole-server one first, then
-    the one made first.
+    databases are probed. It is the one first in `rank` (directory.py), which each
+    collection names.
 
     A target is given its server (the daemon's for a configured target's address, the
     auth module's for a discovered one's), or makes one of its own, in `directory`.
@@ -56,14 +57,16 @@ class Target:
         server: Server | None = None,
         database: str | None = None,
         rank: tuple[int, ...] = (0,),
-        directory: Directory | None = None,
+        directory: Directory[Server] | None = None,
     ) -> None:
         self.name = config.name
         self.config = config
         self.database = database
         self._rank = rank
         self._owns_server = server is None
-        self.server = Server(config, pool, watchdog, directory) if server is None else server
+        if server is None:
+            server = Server(config, pool, watchdog, Directory() if directory is None else directory)
+        self.server = server
         # Where the target's /locks page is, where the exporter knows its own URL: a series
         # for alert descriptions to link to, made once here rather than at every scrape.
         self._locks_page = (
@@ -91,7 +94,7 @@ class Target:
         # The series of the last collection mapped, reused by the scrapes that share it.
         self._mapped_lock = threading.Lock()
         self._mapped: tuple[Collection, bool, list[Sample]] | None = None
-        self.server.attach(self)
+        self.server.directory.attach(self, self.server)
 
     @property
     def settings(self) -> CollectionSettings:
@@ -103,9 +106,9 @@ class Target:
 
     @rank.setter
     def rank(self, rank: tuple[int, ...]) -> None:
-        """A reload may reorder the targets: the server works out anew which answers for it."""
+        """A reload may reorder the targets: the next collection of its server says anew
+        which answers for it."""
         self._rank = rank
-        self.server.changed()
 
     # -- scrapes ---------------------------------------------------------------------------
 
@@ -118,14 +121,10 @@ class Target:
     def late(self) -> Collection:
         return self.server.reader().late()
 
-    def answers_for_server(self) -> bool:
-        """Whether this target carries the series of its whole server (see the class)."""
-        return self.server.reader().answering() is self
-
     def series(self, collection: Collection) -> list[Sample]:
         """All series of this target for one scrape: those of the collection (mapped once
         for the scrapes that share it), then what its server's log counted until now."""
-        server_wide = self.answers_for_server()
+        server_wide = collection.answering is self
         with self._mapped_lock:
             mapped = self._mapped
             cached = mapped is not None and mapped[0] is collection and mapped[1] == server_wide
@@ -203,6 +202,6 @@ class Target:
         """No longer served: a configured target closes its server (and its connection)."""
         if self._server_log is not None:
             self._server_log.close()
-        self.server.detach(self)
+        self.server.directory.detach(self)
         if self._owns_server:
             self.server.close()

@@ -17,8 +17,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from pg_advisory_exporter import logs
+from pg_advisory_exporter.collect.directory import Directory
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
-from pg_advisory_exporter.collect.server import Directory, Server
+from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.model import DiscoveredTargetsSettings
 from pg_advisory_exporter.config.settings import AuthModuleSettings
@@ -123,7 +124,7 @@ class DiscoveredTargets:
         # By module and name: two modules that name one server each keep their own.
         self._kept: dict[tuple[str, str], _Kept] = {}
         self._servers: dict[ServerKey, _KeptServer] = {}
-        self._directories: dict[str, Directory] = {}  # by module
+        self._directories: dict[str, Directory[Server]] = {}  # by module
         self._made = itertools.count()  # the order targets are made in: part of their rank
         self._refusals = dict.fromkeys(Refusal, 0)
         self._stop = threading.Event()
