@@ -8,7 +8,7 @@ times, interleaved round after round on a session prepared as the exporter's:
 
 - the floor, `SELECT count(*) FROM pg_stat_statements`: the view reads every entry and its
   text from the server's file, so no read of it costs less;
-- the exporter's read (collect/statements.py `read_statements`): the screened statements'
+- the exporter's read (collect/pg_stat_statements.py `read_statements`): the screened statements'
   query, fetching their rows, and judging each with the parser; its parse time apart;
 
 and the Python memory the read and its judging take at their peak (tracemalloc).
@@ -35,7 +35,7 @@ import psycopg
 from benchmarks import positive
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import prepare_session
-from pg_advisory_exporter.collect.statements import StatementsRead, read_statements
+from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead, read_statements
 from pg_advisory_exporter.config.model import CollectionSettings
 
 FLOOR_SQL = "SELECT count(*) FROM pg_stat_statements"

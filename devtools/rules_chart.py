@@ -20,8 +20,8 @@ import yaml
 
 from devtools.rule_placeholders import PLACEHOLDER, placeholder_groups
 from pg_advisory_exporter.alerting.rules import Thresholds, format_number
+from pg_advisory_exporter.durations import DURATION_PATTERN, PARSE_DURATION
 from pg_advisory_exporter.keys.catalog import NAMES
-from pg_advisory_exporter.schema import DURATION_PATTERN, PARSE_DURATION
 
 
 def _go_literal(value: object) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from devtools.rule_placeholders import PLACEHOLDER, placeholder_groups
 from pg_advisory_exporter.alerting.rules import Thresholds
-from pg_advisory_exporter.schema import PARSE_DURATION, format_duration
+from pg_advisory_exporter.durations import PARSE_DURATION, format_duration
 
 # Words jsonnet reserves: a field so named (`for`) is quoted.
 _KEYWORDS = frozenset(

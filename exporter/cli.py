@@ -20,9 +20,9 @@ from .config.sources import SETTINGS, Setting
 from .daemon import Daemon
 from .http.web_config import WebSettings, read_web_config
 from .report import run_check
-from .schema import ConfigError
+from .validation import ConfigError
 
-log = logging.getLogger("pg_advisory_exporter")
+log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
 

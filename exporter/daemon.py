@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,9 +25,9 @@ from .http.discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefuse
 from .http.web_access import WebAccess
 from .http.web_config import WebSettings
 from .metrics import Sample, config_reload
-from .schema import ConfigError
+from .validation import ConfigError
 
-log = logs.named("daemon")
+log = logging.getLogger(__name__)
 
 
 class Daemon:

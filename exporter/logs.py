@@ -49,20 +49,6 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(_fields(record), ensure_ascii=False, default=str)
 
 
-# The loggers' names, as every log line gives them (logger=pg_advisory_exporter.target): kept
-# as they were published, wherever the code that logs has moved since.
-PUBLISHED = frozenset(
-    {"collector", "connection", "daemon", "discovered", "forensics", "http", "http_connections",
-     "scheduling", "target", "web_access"}
-)  # fmt: skip
-
-
-def named(name: str) -> logging.Logger:
-    """The exporter's logger of that published name."""
-    assert name in PUBLISHED, f"{name} is not a published logger name"
-    return logging.getLogger(f"pg_advisory_exporter.{name}")
-
-
 class Changes:
     """What was last said of each lasting state (a server's error, a pooler's, a missing
     privilege), so that a line is written when the state changes and not at each collection:

@@ -14,25 +14,25 @@ from typing import Any, TextIO
 from .alerting.rules import Thresholds
 from .collect.capacity import lock_table_capacity
 from .collect.connection import Session, Unanswered
-from .collect.holds import NO_HOLDS, Holds, HoldTracker
-from .collect.release import (
+from .collect.dead_client import (
     ReleaseSettings,
     dead_client_release_seconds,
     idle_in_transaction_release_seconds,
 )
+from .collect.holds import NO_HOLDS, Holds, HoldTracker
+from .collect.pg_stat_statements import StatementsRead, read_once
 from .collect.scheduling import Watchdog
 from .collect.series import key_groups
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
-from .collect.statements import StatementsRead, read_once
 from .collect.vocabulary import format_age, format_held
 from .config.settings import Config, TargetSettings
+from .durations import format_duration
 from .forensics.page import forensics_json, statements_json
 from .forensics.read import LEAK_AFTER, Backend, Forensics, answer
-from .hygiene.statements import SAFE_FORM, WHAT
+from .hygiene.risky import SAFE_FORM, WHAT
 from .keys import catalog
 from .keys.appnames import RewriteRule, rewrite
 from .keys.registry import NO_KEYS, Registry
-from .schema import format_duration
 
 EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10

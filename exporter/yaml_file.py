@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .schema import ConfigError, describe_error, item_name, location, step
+from .validation import ConfigError, describe_error, item_name, location, step
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -23,8 +23,8 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana.schema import unknown_fields
 from pg_advisory_exporter.alerting.alerts import ANSWERS_FOR_SERVER
 from pg_advisory_exporter.alerting.rules import RUNBOOK_URL, Thresholds
+from pg_advisory_exporter.durations import format_duration
 from pg_advisory_exporter.metrics import SPECS
-from pg_advisory_exporter.schema import format_duration
 
 UID = "pg-advisory-locks"
 TITLE = "PostgreSQL advisory locks"

@@ -31,8 +31,8 @@ from psycopg.rows import TupleRow
 from devtools.debian_sid import InstallError, prometheus_binary
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.collect.capacity import CapacitySettings
+from pg_advisory_exporter.collect.dead_client import ReleaseSettings
 from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
-from pg_advisory_exporter.collect.release import ReleaseSettings
 from pg_advisory_exporter.collect.snapshot import BackendLocks, ServerSnapshot
 from pg_advisory_exporter.config import loader, settings
 from pg_advisory_exporter.forensics.read import Backend, LockEntry

@@ -30,7 +30,7 @@ from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.config.sources import Given, Settings, read_flags, settings_from
 from pg_advisory_exporter.logs import LogfmtFormatter
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.validation import ConfigError
 from pg_advisory_exporter.yaml_file import MAX_FILE_BYTES
 
 # Neither the exporter's variables nor DATA_SOURCE_NAME of the shell that runs the tests.

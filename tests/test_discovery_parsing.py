@@ -24,7 +24,7 @@ from pg_advisory_exporter.fleet.discovery import (
 )
 from pg_advisory_exporter.http import discovered as discovered_module
 from pg_advisory_exporter.http.discovered import DiscoveredTargets, ProbeRefused, Refusal
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.validation import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pg_advisory_exporter.schema import (
+from pg_advisory_exporter.durations import (
     DURATION_PATTERN,
     format_duration,
     parse_duration,

@@ -24,13 +24,12 @@ from support import PG_MAJOR, Cli, RunningExporter, Scrape, StartExporter, wait_
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import prepare_session
-from pg_advisory_exporter.collect.release import (
+from pg_advisory_exporter.collect.dead_client import (
     LINUX_KEEPALIVE_COUNT,
     LINUX_KEEPALIVE_IDLE,
     LINUX_KEEPALIVE_INTERVAL,
 )
-from pg_advisory_exporter.collect.scheduling import Watchdog
-from pg_advisory_exporter.collect.statements import (
+from pg_advisory_exporter.collect.pg_stat_statements import (
     PARSE_SECONDS,
     READER_NAME,
     TEXT_BYTES,
@@ -39,9 +38,10 @@ from pg_advisory_exporter.collect.statements import (
     read_once,
     read_statements,
 )
+from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.config.model import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
-from pg_advisory_exporter.hygiene.statements import SAFE_FORM, WHAT, Rule
+from pg_advisory_exporter.hygiene.risky import SAFE_FORM, WHAT, Rule
 
 pytestmark = pytest.mark.pg
 
@@ -302,7 +302,7 @@ def test_a_database_without_the_extension_says_so_once(
         catalog=False,
     )
     statements = Statements(target, Watchdog())
-    with caplog.at_level(logging.INFO, logger="pg_advisory_exporter.target"):
+    with caplog.at_level(logging.INFO, logger="pg_advisory_exporter.collect.pg_stat_statements"):
         first = statements.read()
         second = statements.read()
     assert first.error is not None
@@ -390,7 +390,7 @@ def test_without_the_grant_only_the_roles_own_statements_are_judged(
         catalog=False,
     )
     statements = Statements(target, Watchdog())
-    with caplog.at_level(logging.INFO, logger="pg_advisory_exporter.target"):
+    with caplog.at_level(logging.INFO, logger="pg_advisory_exporter.collect.pg_stat_statements"):
         first = statements.read()
         statements.read()
     assert first.ok, first.error

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import pytest
 from pglast import parser
 
-from pg_advisory_exporter.hygiene import statements
-from pg_advisory_exporter.hygiene.statements import (
+from pg_advisory_exporter.hygiene import risky
+from pg_advisory_exporter.hygiene.risky import (
     MAX_STATEMENT_BYTES,
     RULES,
     SAFE_FORM,
@@ -328,7 +328,7 @@ def test_tracing_a_key_through_a_hostile_statement_stays_bounded(
     text = _fit(make)
     verdicts: list[Verdict] = []
     judged = _cpu_seconds(lambda: verdicts.append(Judge(BUDGET).judge(text)))
-    parsed = _cpu_seconds(lambda: statements._decode(parser.parse_sql_json(text)))
+    parsed = _cpu_seconds(lambda: risky._decode(parser.parse_sql_json(text)))
     assert verdicts[0].skipped is None
     assert (HASHTEXT in verdicts[0].rules) is keyed
     assert judged < 25 * parsed + 0.05, (judged, parsed)
@@ -460,9 +460,9 @@ def test_the_flat_decoder_reads_what_json_loads_reads() -> None:
         "WITH k AS (SELECT hashtext(E'\\\"}]\\u00e9', 'x') AS h, -1.5e3, true, NULL)"
         " SELECT pg_advisory_lock(k.h) FROM k, LATERAL (SELECT '{[:,') q LIMIT $1"
     )
-    assert statements._decode_flat(document) == json.loads(document)
+    assert risky._decode_flat(document) == json.loads(document)
     spaced = '{ "a" : [ 1 , { } , [ ] , "b" , null , false ] , "c" : { "d" : -2 } }'
-    assert statements._decode_flat(spaced) == json.loads(spaced)
+    assert risky._decode_flat(spaced) == json.loads(spaced)
 
 
 @pytest.mark.parametrize("error", [MemoryError, RecursionError, ValueError, KeyError])

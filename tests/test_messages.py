@@ -21,7 +21,7 @@ from pg_advisory_exporter.collect.snapshot import grant_read_all_stats, read_sna
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.model import WebConfig
 from pg_advisory_exporter.config.sources import read_flags
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.validation import ConfigError
 
 # Neither the exporter's variables nor DATA_SOURCE_NAME of the shell that runs the tests.
 pytestmark = pytest.mark.usefixtures("clean_environment")

@@ -33,7 +33,7 @@ from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.series import server_samples
 from pg_advisory_exporter.fleet.resolver import IpAddress, Resolver
 from pg_advisory_exporter.metrics import Sample
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.validation import ConfigError
 
 CONSOLE = "host=pgbouncer.example port=6432 dbname=pgbouncer user=stats"
 # load_config reads the environment as the command does: none from the shell that runs the tests.

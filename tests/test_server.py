@@ -64,19 +64,19 @@ def test_the_first_in_rank_reads_a_server_whichever_connected_first(parts: Parts
     # The socket connects first: it reads, until one first in rank finds the same server.
     assert directory.claim(socket, PRIMARY) is socket
     assert directory.claim(name, PRIMARY) is name
-    assert directory.reader(socket) is name
+    assert directory.reading_server(socket) is name
     assert directory.claim(ip, PRIMARY) is ip
-    assert [directory.reader(s) for s in (ip, name, socket)] == [ip, ip, ip]
+    assert [directory.reading_server(s) for s in (ip, name, socket)] == [ip, ip, ip]
     assert directory.claim(standby, STANDBY) is standby  # another server
     # Its targets answer for it: the first in rank of those that read it.
     assert directory.answering(ip, None) is on_ip
     # A restart gives the server a new identity: each finds it anew.
     restarted = ServerIdentity(STARTED.replace(minute=9), PRIMARY.system_identifier)
     assert directory.claim(socket, restarted) is socket
-    assert directory.reader(name) is ip
+    assert directory.reading_server(name) is ip
     # The first cannot connect any more (or is closed by a reload): the next in rank reads.
     directory.forget(ip)
-    assert directory.reader(name) is name
+    assert directory.reading_server(name) is name
     assert directory.claim(ip, PRIMARY) is ip
 
 
@@ -89,19 +89,19 @@ def test_a_second_address_reads_through_the_first_until_the_recheck(parts: Parts
         vip._claim(ServerIdentity(PRIMARY.started, PRIMARY.system_identifier))
     assert through.value.collection.error == "the same server as orders, not read yet"
     assert through.value.collection.answering is on_node
-    assert vip.reader() is node
+    assert vip.reading_server() is node
     assert directory.answering(node, None) is on_node
     # The virtual address may come to reach another server: it is checked again.
     clock.now += SAME_SERVER_RECHECK
-    assert vip.reader() is vip
+    assert vip.reading_server() is vip
     assert directory.answering(node, None) is on_node
     assert directory.answering(vip, None) is on_vip
     # A reader that is closed (a reload removed it) leaves the other to read on its own.
     with pytest.raises(_ReadThrough):
         vip._claim(ServerIdentity(PRIMARY.started, PRIMARY.system_identifier))
-    assert vip.reader() is node
+    assert vip.reading_server() is node
     node.close()
-    assert vip.reader() is vip
+    assert vip.reading_server() is vip
 
 
 def test_a_whole_server_target_answers_for_it_before_any_database_target(parts: Parts) -> None:

@@ -15,7 +15,7 @@ from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.settings import Config
 from pg_advisory_exporter.daemon import Daemon
 from pg_advisory_exporter.fleet.sharding import Shard, jump_hash, ordinal_of, target_key
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.validation import ConfigError
 
 NAMES = [f"db-{i:03d}" for i in range(200)]
 names = st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=50, unique=True)

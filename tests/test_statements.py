@@ -8,8 +8,7 @@ from typing import Any
 
 from support import IDLE, Clock, snapshot_of
 
-from pg_advisory_exporter.collect.scheduling import Task, Watchdog
-from pg_advisory_exporter.collect.statements import (
+from pg_advisory_exporter.collect.pg_stat_statements import (
     OVER_LIMIT,
     SHOWN,
     Statements,
@@ -17,10 +16,11 @@ from pg_advisory_exporter.collect.statements import (
     judged,
     statements_samples,
 )
+from pg_advisory_exporter.collect.scheduling import Task, Watchdog
 from pg_advisory_exporter.config.model import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.forensics.page import statements_json
-from pg_advisory_exporter.hygiene.statements import Judge, Rule
+from pg_advisory_exporter.hygiene.risky import Judge, Rule
 from pg_advisory_exporter.report import Hygiene, print_hygiene
 
 LIMITED = "SELECT pg_advisory_lock(id) FROM foo WHERE id > $1 LIMIT $2"

@@ -25,7 +25,7 @@ from pg_advisory_exporter.http.web_config import (
     TlsServerConfig,
     read_web_config,
 )
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.validation import ConfigError
 
 HASH = bcrypt.hashpw(b"scrape-pw", bcrypt.gensalt(4)).decode()
 TLS = "tls_server_config:\n  cert_file: server.pem\n  key_file: server-key.pem\n"

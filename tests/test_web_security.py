@@ -357,7 +357,7 @@ def test_only_a_client_certificate_with_an_allowed_san_is_served(
     by_address = tls.client_cert("by-address", "10.0.0.7", "other.example")
     assert _hello_with(url, tls.client(by_name)) == "hello\n"
     assert _hello_with(url, tls.client(by_address)) == "hello\n"
-    with caplog.at_level(logging.WARNING, logger="pg_advisory_exporter.web_access"):
+    with caplog.at_level(logging.WARNING, logger="pg_advisory_exporter.http.web_access"):
         for intruder in (
             tls.client_cert("intruder", "grafana.monitoring.svc", "10.0.0.8"),
             tls.client_file,  # the e-mail address prometheus@example.com only

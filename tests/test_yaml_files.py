@@ -13,7 +13,7 @@ import pytest
 from support import EXAMPLE_DSN, Cli, cli_command
 
 from pg_advisory_exporter.alerting.rules import thresholds_from
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.validation import ConfigError
 from pg_advisory_exporter.yaml_file import EXPANSION_FACTOR, EXPANSION_FLOOR, read_yaml
 
 # Seven levels of ten aliases each: ten million values written in seven short lines.

@@ -12,13 +12,8 @@ import yaml
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from pg_advisory_exporter.alerting.alerts import Alerts, RuleValues
-from pg_advisory_exporter.schema import (
-    ConfigError,
-    Duration,
-    Strict,
-    describe_error,
-    format_duration,
-)
+from pg_advisory_exporter.durations import Duration, format_duration
+from pg_advisory_exporter.validation import ConfigError, Strict, describe_error
 from pg_advisory_exporter.yaml_file import read_model
 
 RUNBOOK_URL = (

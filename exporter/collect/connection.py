@@ -5,6 +5,7 @@ connection of its own for one read (/locks, check, pg_stat_statements)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +27,7 @@ from .kept_connection import APPLICATION_NAME, CannotCollect, KeptConnection, co
 from .scheduling import Watchdog
 from .snapshot import COLLECTION_WORK_MEM, SESSION_SQL
 
-log = logs.named("connection")
+log = logging.getLogger(__name__)
 
 # The databases whose names the catalog's per-database keys are computed from: the ones
 # the collection reports deadlocks for (templates are copied, not worked in), so that a
@@ -151,7 +152,7 @@ def connect_to_server(
         keepalives_idle=max(1, int(settings.statement_timeout)),
         keepalives_interval=1,
         keepalives_count=3,
-        tcp_user_timeout=int(settings.scrape_wait * 1000),
+        tcp_user_timeout=int(settings.collection_deadline * 1000),
     )
 
 

@@ -104,7 +104,7 @@ class Directory(Generic[S]):
         with self._lock:
             self._forget_locked(server)
 
-    def reader(self, server: S) -> S:
+    def reading_server(self, server: S) -> S:
         """The server whose collections `server`'s targets get: the first in rank of the open
         servers found to reach the same one, while that finding is recent; else itself."""
         with self._lock:

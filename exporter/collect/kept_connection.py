@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from pg_advisory_exporter.schema import format_duration
+from pg_advisory_exporter.durations import format_duration
 
 from .scheduling import Watchdog
 

@@ -6,6 +6,7 @@ import contextlib
 import enum
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -13,9 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from pg_advisory_exporter import logs
-
-log = logs.named("scheduling")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -11,9 +11,9 @@ from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 from pg_advisory_exporter.metrics import Sample
 
 from .capacity import lock_table_capacity
+from .dead_client import dead_client_release_seconds, idle_in_transaction_release_seconds
 from .holds import Holds, HoldTracker
 from .poolers import PoolerView, owner
-from .release import dead_client_release_seconds, idle_in_transaction_release_seconds
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot, counted_uses
 from .vocabulary import (
     EXCLUSIVE,

@@ -3,6 +3,7 @@ target that reads it, and how two names that reach one server are told to be one
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,12 +21,12 @@ from .connection import ServerConnection, ServerIdentity
 from .directory import Directory, View
 from .holds import NO_HOLDS, Holds, HoldTracker
 from .kept_connection import CannotCollect
+from .pg_stat_statements import Statements, StatementsRead
 from .poolers import Poolers, PoolerView
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
-from .statements import Statements, StatementsRead
 
-log = logs.named("target")
+log = logging.getLogger(__name__)
 
 # Seconds of a collection's deadline kept back from its poolers' reads, so that a pooler that
 # does not answer never makes the server's series late.
@@ -105,10 +106,10 @@ class Server:
 
     # -- who reads it ------------------------------------------------------------------------
 
-    def reader(self) -> Server:
+    def reading_server(self) -> Server:
         """The server whose collections this one's targets get: itself, or the one first in
         rank of those found to reach the same running server (directory.py)."""
-        return self._directory.reader(self)
+        return self._directory.reading_server(self)
 
     @property
     def directory(self) -> Directory[Server]:
@@ -136,7 +137,7 @@ class Server:
         A new collection goes to the pool at once, or onto `queue` for the caller to
         enqueue with the rest of a fleet's.
         """
-        reader = self.reader()
+        reader = self.reading_server()
         if reader is not self and not self._connection.is_open():
             # One read through the other; an open connection of its own is closed first, in
             # a collection of its own (_read), never under a collection running on it.
@@ -211,7 +212,7 @@ class Server:
 
     def _collect(self) -> Collection:
         started = self._clock()
-        wait = self.settings.scrape_wait
+        wait = self.settings.collection_deadline
         expired = threading.Event()  # the deadline's own, once it is armed
         try:
             with (
@@ -236,7 +237,7 @@ class Server:
         """The watchdog's word when a collection passes its deadline."""
         log.warning(
             "collection passed its deadline; cancelling it and closing the connection",
-            extra={"target": self.name, "deadline_seconds": self.settings.scrape_wait},
+            extra={"target": self.name, "deadline_seconds": self.settings.collection_deadline},
         )
 
     def _read(self, started: float, expired: threading.Event) -> Collection:
@@ -285,7 +286,7 @@ class Server:
         )
 
     def _snapshot(self) -> ServerSnapshot:
-        if self.reader() is not self:
+        if self.reading_server() is not self:
             # Found to be a server that another, first in rank, reads: since this one last
             # read it, or since that one connected. One connection to a server.
             self._connection.drop()
@@ -314,7 +315,7 @@ class Server:
         raise self._read_through()
 
     def _read_through(self) -> _ReadThrough:
-        reader = self.reader()
+        reader = self.reading_server()
         last = reader.last()
         if last is not None:
             return _ReadThrough(last)
@@ -336,8 +337,8 @@ class Server:
         server's series, nor holds its worker for long."""
         if not self._poolers:
             return ()
-        left = self.settings.scrape_wait - _POOLER_MARGIN - (self._clock() - started)
-        budget = min(left, POOLER_WAIT, self.settings.scrape_wait * _POOLER_SHARE)
+        left = self.settings.collection_deadline - _POOLER_MARGIN - (self._clock() - started)
+        budget = min(left, POOLER_WAIT, self.settings.collection_deadline * _POOLER_SHARE)
         try:
             views = self._poolers.read(self._watchdog, budget)
         except Exception as exc:  # no thread to read them in, say: theirs, not the server's
@@ -360,9 +361,10 @@ class Server:
 
     def _describe(self, exc: psycopg.Error, expired: threading.Event) -> str:
         if expired.is_set():
+            unanswered = self._connection.unanswered(self.settings.collection_deadline)
             return (
-                f"{self._connection.unanswered(self.settings.scrape_wait)} (the collection's "
-                "deadline); the statement was cancelled and the connection closed"
+                f"{unanswered} (the collection's deadline); the statement was cancelled and the "
+                "connection closed"
             )
         return self._connection.redact(str(exc).strip())
 

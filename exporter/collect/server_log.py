@@ -3,6 +3,7 @@ events in its records and counts them; the counts are series of the target."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -17,7 +18,7 @@ from pg_advisory_exporter.serverlog import events
 from pg_advisory_exporter.serverlog.follower import Follower, Status
 from pg_advisory_exporter.serverlog.records import parser
 
-log = logs.named("target")
+log = logging.getLogger(__name__)
 
 # Seconds between two reads of a log that had nothing new; a log that has more is read on
 # at once, a chunk at a time, so a burst is caught up with as fast as it can be parsed.

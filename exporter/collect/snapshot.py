@@ -15,7 +15,7 @@ from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY
 from pg_advisory_exporter.keys.registry import NO_KEYS, RegisteredKey, Registry
 
 from .capacity import CapacitySettings
-from .release import ReleaseSettings
+from .dead_client import ReleaseSettings
 from .versions import LockWaits, columns_for, lock_waits
 from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK
 

@@ -15,11 +15,11 @@ from pg_advisory_exporter.metrics import Sample, locks_page_info
 
 from .directory import Directory
 from .holds import NO_HOLDS, Holds
+from .pg_stat_statements import StatementsRead, statements_samples
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .series import server_samples, target_series
 from .server import Collection, Server
 from .server_log import ServerLog
-from .statements import StatementsRead, statements_samples
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Target:
                 config.server_log,
                 self._rules,
                 self.settings.application_name_limit,
-                lambda: self.server.reader().registry,
+                lambda: self.server.reading_server().registry,
             )
         )
         if self._server_log is not None:
@@ -119,7 +119,7 @@ class Target:
         return self.server.begin(urgent, queue)
 
     def late(self) -> Collection:
-        return self.server.reader().late()
+        return self.server.reading_server().late()
 
     def series(self, collection: Collection) -> list[Sample]:
         """All series of this target for one scrape: those of the collection (mapped once
@@ -140,7 +140,7 @@ class Target:
         return samples + self._server_log.samples()
 
     def _map(self, collection: Collection, server_wide: bool) -> list[Sample]:
-        reader = self.server.reader()
+        reader = self.server.reading_server()
         errors, _, last_success = reader.counters()
         snapshot = collection.snapshot
         server: list[Sample] = []
@@ -178,15 +178,15 @@ class Target:
 
     def statements(self) -> StatementsRead | None:
         """Its server's last rare read of pg_stat_statements, if one was made."""
-        return self.server.reader().statements()
+        return self.server.reading_server().statements()
 
     def holds(self) -> Holds:
         """How long its server's locks had been held at the last successful collection."""
-        last = self.server.reader().last()
+        last = self.server.reading_server().last()
         return NO_HOLDS if last is None or last.snapshot is None else last.holds
 
     def health(self) -> Health:
-        reader = self.server.reader()
+        reader = self.server.reading_server()
         last = reader.last()
         _, last_collection, last_success = reader.counters()
         return Health(

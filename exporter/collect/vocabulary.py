@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import re
 
-from pg_advisory_exporter.schema import format_duration
+from pg_advisory_exporter.durations import format_duration
 
 # pg_locks.mode of an advisory lock (an advisory lock takes no other mode), and its word.
 EXCLUSIVE_LOCK, SHARE_LOCK = "ExclusiveLock", "ShareLock"

@@ -39,7 +39,7 @@ from pg_advisory_exporter.config.sources import (
 )
 from pg_advisory_exporter.fleet.sharding import Shard, ordinal_of
 from pg_advisory_exporter.keys.registry import check_configs
-from pg_advisory_exporter.schema import ConfigError, step
+from pg_advisory_exporter.validation import ConfigError, step
 from pg_advisory_exporter.yaml_file import read_model
 
 

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from pg_advisory_exporter.durations import PARSE_DURATION, duration_within
 from pg_advisory_exporter.endpoints import RESERVED_PATHS
 from pg_advisory_exporter.fleet.discovery import (
     DBNAME_PATTERN,
@@ -29,13 +30,7 @@ from pg_advisory_exporter.fleet.discovery import (
 from pg_advisory_exporter.keys.appnames import RewriteRule, compile_pattern, parse_template
 from pg_advisory_exporter.keys.catalog import CatalogChoice
 from pg_advisory_exporter.keys.registry import KeyConfig, check_configs
-from pg_advisory_exporter.schema import (
-    PARSE_DURATION,
-    Strict,
-    duration_within,
-    port_number,
-    step,
-)
+from pg_advisory_exporter.validation import Strict, port_number, step
 
 from .dsn import Dsn, check_password_source, with_password
 
@@ -129,7 +124,7 @@ class CollectionSettings(Strict):
     )
 
     @property
-    def scrape_wait(self) -> float:
+    def collection_deadline(self) -> float:
         """How long a scrape waits for a collection before it reports the target down."""
         return self.connect_timeout + self.statement_timeout + 1.0
 

@@ -33,14 +33,8 @@ from pg_advisory_exporter.config.model import (
     Spelled,
     WebConfig,
 )
-from pg_advisory_exporter.schema import (
-    PARSE_DURATION,
-    ConfigError,
-    Strict,
-    describe_error,
-    format_duration,
-    location,
-)
+from pg_advisory_exporter.durations import PARSE_DURATION, format_duration
+from pg_advisory_exporter.validation import ConfigError, Strict, describe_error, location
 
 ENV_PREFIX = "PG_ADVISORY_EXPORTER_"
 

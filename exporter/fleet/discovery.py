@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pg_advisory_exporter.fleet import resolver
 from pg_advisory_exporter.fleet.resolver import IpAddress
-from pg_advisory_exporter.schema import port_number
+from pg_advisory_exporter.validation import port_number
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 

@@ -4,6 +4,7 @@ fresh, and what each request renders of it made once per answer."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -12,17 +13,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
-from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect.connection import Unanswered
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Holds
+from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.scheduling import Watchdog
-from pg_advisory_exporter.collect.statements import StatementsRead
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.sharing import Shared, Turn
 
 from .read import Forensics, answer
 
-log = logs.named("forensics")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -114,7 +114,7 @@ def on_demand(
     (a page view never reads it: its texts can be megabytes); and its holds are bounded by
     what `holds` gives: those of the server's last collection."""
     # A read runs into its deadline, then its poolers' reads: wait for both, and a second.
-    wait = 2 * target.collection.scrape_wait + 1.0
+    wait = 2 * target.collection.collection_deadline + 1.0
 
     def read() -> Forensics:
         found = answer(target, watchdog, holds=holds)[0]

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pg_advisory_exporter.collect.statements import StatementsRead
+from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.vocabulary import format_age, format_held
-from pg_advisory_exporter.hygiene.statements import RULES, SAFE_FORM, WHAT
+from pg_advisory_exporter.hygiene.risky import RULES, SAFE_FORM, WHAT
 from pg_advisory_exporter.keys.key import BIGINT_KEY
 
 from .answers import Answer

@@ -4,6 +4,7 @@ person asks (`/locks`, `check`), never on a scrape."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -14,21 +15,20 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from pg_advisory_exporter import logs
 from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.connection import Session, new_session
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Hold, Holder, Holds, hold_of
+from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.poolers import PooledBackend, Poolers, PoolerView, owner
 from pg_advisory_exporter.collect.scheduling import Watchdog
-from pg_advisory_exporter.collect.statements import StatementsRead
 from pg_advisory_exporter.config.model import LocksPageSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.registry import Level, Registry
 
-log = logs.named("forensics")
+log = logging.getLogger(__name__)
 
 # When an idle holder is marked as the leak alert's (PgAdvisoryLockLeaked's default threshold):
 # the page cannot know the thresholds of the rules a shop deploys.
@@ -520,7 +520,7 @@ def answer(
     statement there); `holds` gives what the collections saw held, asked once the read is
     done. Raises Unanswered."""
     settings = target.locks_page
-    deadline = target.collection.scrape_wait
+    deadline = target.collection.collection_deadline
     started = time.monotonic()
     with new_session(target, watchdog, deadline) as session:
         if first is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 import selectors
 import socket
@@ -19,7 +20,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from pg_advisory_exporter import __version__, logs
+from pg_advisory_exporter import __version__
 from pg_advisory_exporter.collect.scheduling import CollectionPool
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.endpoints import (
@@ -39,7 +40,7 @@ from .connections import Connection, Connections
 from .discovered import ProbeRefused
 from .web_access import StartResponse, WebAccess, WsgiApp
 
-log = logs.named("http")
+log = logging.getLogger(__name__)
 
 
 class Exported(Protocol):

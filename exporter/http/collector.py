@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import platform
 import time
 from collections import deque
@@ -15,14 +16,14 @@ from dataclasses import dataclass, field
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from pg_advisory_exporter import __version__, logs
+from pg_advisory_exporter import __version__
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Priority, Task
 from pg_advisory_exporter.collect.server import Collection
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.fleet.sharding import Shard
 from pg_advisory_exporter.metrics import Sample, build_info, families
 
-log = logs.named("collector")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,7 +82,7 @@ def target_samples(
 ) -> list[Sample]:
     """Start (or join) a collection on every target at once, wait, then map what came.
 
-    Each target is waited for at most its own scrape_wait (or the scrape's timeout, less the
+    Each target is waited for at most its own collection_deadline (or the scrape's timeout, less the
     margin for answering) counted from the start, so a slow target never delays the others
     beyond that. The waiting holds no lock and no GIL; only when it is over are the series
     built, with the pool held so that no routine collection competes with the answer.
@@ -95,7 +96,7 @@ def target_samples(
     waits: list[tuple[float, Future[Collection]]] = []
     for target, pending in begun:
         if isinstance(pending, Future):
-            wait = target.settings.scrape_wait
+            wait = target.settings.collection_deadline
             if scrape.timeout is not None:
                 wait = min(wait, scrape.timeout - margin)
             waits.append((started + wait, pending))

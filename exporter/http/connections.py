@@ -4,14 +4,13 @@ address and in all, and room made at a cap by cutting the oldest client still se
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
-from pg_advisory_exporter import logs
-
-log = logs.named("http_connections")
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)

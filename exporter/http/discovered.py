@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect.directory import Directory
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import Server
@@ -33,7 +33,7 @@ from pg_advisory_exporter.fleet.discovery import (
 from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.metrics import Sample, families
 
-log = logs.named("discovered")
+log = logging.getLogger(__name__)
 
 # The longest a probe waits for its host name to resolve; it is refused after that.
 RESOLVE_WAIT = 2.0
@@ -197,7 +197,7 @@ class DiscoveredTargets:
             else:
                 found = None
                 kept.last_probe = server_kept.last_probe = now
-                databases = server_kept.server.reader().databases()
+                databases = server_kept.server.reading_server().databases()
                 if address.dbname is None or databases is None or address.dbname in databases:
                     return kept.target
                 # Kept while the server could not be read, or dropped since: forgotten.
@@ -290,16 +290,16 @@ class DiscoveredTargets:
         """Whether the server has the database: known from its last collection, or from one
         made now (urgent, bounded by its deadline and the scrape's `timeout`); unknown, when
         it cannot be read, counts as yes (the probe then reports it down)."""
-        databases = server.reader().databases()
+        databases = server.reading_server().databases()
         if databases is None or address.dbname not in databases:
             pending = server.begin(urgent=True)  # the last one, if it is recent
             if isinstance(pending, Future):
-                wait = server.settings.scrape_wait
+                wait = server.settings.collection_deadline
                 if timeout is not None:
                     wait = min(wait, timeout)
                 with suppress(FutureTimeout, CancelledError):
                     pending.exception(timeout=max(wait, 0.0))
-            databases = server.reader().databases()
+            databases = server.reading_server().databases()
         return databases is None or address.dbname in databases
 
     def _refuse(self, refusal: Refusal, message: str) -> ProbeRefused:
@@ -370,7 +370,7 @@ class DiscoveredTargets:
     def samples(self) -> list[Sample]:
         with self._lock:
             count, refusals = len(self._kept), dict(self._refusals)
-            servers = len({id(kept.server.reader()) for kept in self._servers.values()})
+            servers = len({id(kept.server.reading_server()) for kept in self._servers.values()})
         return [
             Sample("pg_advisory_exporter_discovered_targets", (), count),
             Sample("pg_advisory_exporter_discovered_servers", (), servers),

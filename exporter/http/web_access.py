@@ -27,15 +27,14 @@ from typing import Any
 
 import bcrypt
 
-from pg_advisory_exporter import logs
 from pg_advisory_exporter.endpoints import HEALTHY_PATH
 from pg_advisory_exporter.metrics import Sample, web_config_reload, web_rate_limited
-from pg_advisory_exporter.schema import ConfigError
+from pg_advisory_exporter.validation import ConfigError
 
 from .rate_limit import TokenBucket
 from .web_config import WebSettings, read_web_config
 
-log = logs.named("web_access")
+log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]

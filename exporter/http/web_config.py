@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from pg_advisory_exporter.schema import ConfigError, Strict
+from pg_advisory_exporter.validation import ConfigError, Strict
 from pg_advisory_exporter.yaml_file import read_model
 
 # exporter-toolkit's names (Go's tls.CipherSuites()) and OpenSSL's for the same suites.

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from pg_advisory_exporter.schema import Duration, Strict
+from pg_advisory_exporter.durations import Duration
+from pg_advisory_exporter.validation import Strict
 
 from .derive import (
     DIGESTS,

@@ -10,7 +10,7 @@ import math
 import pytest
 from support import IDLE, snapshot_of
 
-from pg_advisory_exporter.collect.release import (
+from pg_advisory_exporter.collect.dead_client import (
     ReleaseSettings,
     dead_client_release_seconds,
     idle_in_transaction_release_seconds,

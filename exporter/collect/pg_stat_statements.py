@@ -3,6 +3,7 @@ own and a worker of its own, so that no collection ever waits for them."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from psycopg.rows import dict_row
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.settings import TargetSettings
-from pg_advisory_exporter.hygiene.statements import (
+from pg_advisory_exporter.hygiene.risky import (
     MAX_STATEMENT_BYTES,
     RULES,
     Judge,
@@ -30,7 +31,7 @@ from .kept_connection import APPLICATION_NAME
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .snapshot import grant_read_all_stats
 
-log = logs.named("target")
+log = logging.getLogger(__name__)
 
 # The reads' own name on the server (pg_stat_activity), apart from the kept connection's.
 READER_NAME = f"{APPLICATION_NAME} statements"
@@ -196,7 +197,7 @@ def read_once(config: TargetSettings, watchdog: Watchdog) -> StatementsRead:
     collection's deadline; what it found, or why it found nothing (it never raises)."""
     try:
         with new_session(
-            config, watchdog, config.collection.scrape_wait, READER_NAME, registry=False
+            config, watchdog, config.collection.collection_deadline, READER_NAME, registry=False
         ) as session:
             try:
                 return read_statements(session)
