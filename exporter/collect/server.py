@@ -4,6 +4,7 @@ target that reads it, and how two names that reach one server are told to be one
 from __future__ import annotations
 
 import logging
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import psycopg
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.settings import TargetSettings
-from pg_advisory_exporter.keys.registry import Registry
+from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 from pg_advisory_exporter.sharing import Shared, Turn
 
 from .connection import ServerConnection, ServerIdentity
@@ -54,6 +55,11 @@ class Collection:
     # The target that answers for the server (it carries the whole server's series), as the
     # server's directory decided when the collection ended (directory.py).
     answering: View | None = None
+    registry: Registry = NO_KEYS  # the one its keys were matched with
+    # The server's collections so far, as of this one: failed ones, the last that succeeded.
+    errors_total: int = 0
+    last_collection_unix: float | None = None
+    last_success_unix: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -174,11 +180,16 @@ class Server:
         """What a scrape reports when the collection is not done in time (it is not recorded:
         the collection goes on, and is recorded when it ends or its deadline passes)."""
         now = self._clock()
+        errors, last_collection, last_success = self._counters()
         return Collection(
             now,
             now - self._collections.started(),
             error="collection timed out",
             answering=self._directory.answering(self, self.databases()),
+            registry=self.registry,
+            errors_total=errors,
+            last_collection_unix=last_collection,
+            last_success_unix=last_success,
         )
 
     def last(self) -> Collection | None:
@@ -194,7 +205,7 @@ class Server:
         with self._state:
             return self._databases
 
-    def counters(self) -> tuple[int, float | None, float | None]:
+    def _counters(self) -> tuple[int, float | None, float | None]:
         """Failed collections so far, and the Unix times of the last collection and of the
         last successful one."""
         with self._state:
@@ -220,6 +231,8 @@ class Server:
                 self._connection.use(),
             ):
                 collection = self._read(started, expired)
+        except _ReadThrough as through:  # another server's collection, as it is
+            return through.collection
         except Exception:  # never let one server's bug take the exporter down
             log.exception("collection failed unexpectedly", extra={"target": self.name})
             collection = self._failed(started, "internal error, see the exporter's log")
@@ -231,7 +244,15 @@ class Server:
                 self._last_success_unix = self._last_collection_unix
             if collection.snapshot is not None:
                 self._databases = collection.snapshot.databases
-        return collection
+            counters = (self._errors_total, self._last_collection_unix, self._last_success_unix)
+        errors, last_collection, last_success = counters
+        return dataclasses.replace(
+            collection,
+            registry=self.registry,
+            errors_total=errors,
+            last_collection_unix=last_collection,
+            last_success_unix=last_success,
+        )
 
     def _expiring(self) -> None:
         """The watchdog's word when a collection passes its deadline."""
@@ -241,6 +262,7 @@ class Server:
         )
 
     def _read(self, started: float, expired: threading.Event) -> Collection:
+        """This server's collection (_ReadThrough: another's, which reads it)."""
         reused = self._connection.is_open()
         try:
             try:
@@ -257,8 +279,6 @@ class Server:
                 )
                 self._connection.drop()
                 snapshot = self._snapshot()
-        except _ReadThrough as through:
-            return through.collection
         except CannotCollect as exc:
             self._connection.drop()
             self._directory.forget(self)  # it reaches no server: another may read that one

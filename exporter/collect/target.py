@@ -12,6 +12,7 @@ from pg_advisory_exporter.config.model import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.endpoints import LOCKS_PATH
 from pg_advisory_exporter.metrics import Sample, locks_page_info
+from pg_advisory_exporter.serverlog.counting import ServerLog
 
 from .directory import Directory
 from .holds import NO_HOLDS, Holds
@@ -19,7 +20,6 @@ from .pg_stat_statements import StatementsRead, statements_samples
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .series import server_samples, target_series
 from .server import Collection, Server
-from .server_log import ServerLog
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,6 @@ class Target:
         return samples + self._server_log.samples()
 
     def _map(self, collection: Collection, server_wide: bool) -> list[Sample]:
-        reader = self.server.reading_server()
-        errors, _, last_success = reader.counters()
         snapshot = collection.snapshot
         server: list[Sample] = []
         folded = 0
@@ -155,7 +153,7 @@ class Target:
                 snapshot,
                 self._rules,
                 self.settings.application_name_limit,
-                reader.registry,
+                collection.registry,
                 holds=collection.holds,
                 poolers=collection.poolers,
                 database=self.database,
@@ -169,8 +167,8 @@ class Target:
             self.name,
             server,
             duration=collection.duration,
-            errors_total=errors,
-            last_success_unix=last_success,
+            errors_total=collection.errors_total,
+            last_success_unix=collection.last_success_unix,
             insufficient_privilege=None if snapshot is None else not snapshot.can_read_all_stats,
             folded_application_names=folded,
             server_wide=server_wide,
@@ -186,14 +184,12 @@ class Target:
         return NO_HOLDS if last is None or last.snapshot is None else last.holds
 
     def health(self) -> Health:
-        reader = self.server.reading_server()
-        last = reader.last()
-        _, last_collection, last_success = reader.counters()
+        last = self.server.reading_server().last()
         return Health(
             target=self.name,
             up=last is not None and last.ok,
-            last_collection_unix=last_collection,
-            last_success_unix=last_success,
+            last_collection_unix=None if last is None else last.last_collection_unix,
+            last_success_unix=None if last is None else last.last_success_unix,
             duration_seconds=None if last is None else last.duration,
             error=None if last is None else last.error,
         )

@@ -1,4 +1,4 @@
-"""A target's server log counted (collect/server_log.py): from a file a test writes, read
+"""A target's server log counted (serverlog/counting.py): from a file a test writes, read
 once per call, without the thread of the daemon."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from support import SUITE_LOG_PREFIX
 
-from pg_advisory_exporter.collect.server_log import UNKNOWN, ServerLog
 from pg_advisory_exporter.config.model import ServerLogSettings
 from pg_advisory_exporter.keys.appnames import OTHER, RewriteRule
 from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.serverlog.counting import UNKNOWN, ServerLog
 
 PREFIX = "2026-12-01 10:00:00.000 UTC [{pid}] {state} app@orders {app} "
 REGISTRY = Registry.resolve([KeyConfig(name="nightly", key=77)], lambda texts, seeds: [])

@@ -1,5 +1,6 @@
 """A target's server log, read between scrapes: a thread follows it, finds the advisory-lock
-events in its records and counts them; the counts are series of the target."""
+events in its records and counts them; the counts are series of the target (a collection
+reads pg_locks; this, what happened between two of them)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
 
 from pg_advisory_exporter import logs
-from pg_advisory_exporter.config.model import ServerLogSettings
 from pg_advisory_exporter.keys.appnames import OTHER, RewriteRule, rewrite
 from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.metrics import Sample
-from pg_advisory_exporter.serverlog import events
-from pg_advisory_exporter.serverlog.follower import Follower, Status
-from pg_advisory_exporter.serverlog.records import parser
+
+from . import events
+from .follower import Follower, Status
+from .records import Format, parser
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,19 @@ _BY_KEY = frozenset({events.Kind.LOCK_WAIT, events.Kind.LOCK_WAIT_ENDED})
 _NONE = object()  # no open wait for a process (a wait's lock may itself be None)
 
 
+class LogSource(Protocol):
+    """Where a server's log is and how it is written (the configuration's server_log)."""
+
+    @property
+    def path(self) -> Path | None: ...
+
+    @property
+    def format(self) -> Format: ...
+
+    @property
+    def line_prefix(self) -> str: ...
+
+
 class StableLabels:
     """Label values as they come, up to `limit` distinct with OTHER among them (as the
     snapshot's cap counts), then OTHER for every new one,
@@ -74,7 +90,7 @@ class ServerLog:
     def __init__(
         self,
         target: str,
-        settings: ServerLogSettings,
+        settings: LogSource,
         rules: Sequence[RewriteRule],
         limit: int,
         registry: Callable[[], Registry],
