@@ -61,58 +61,80 @@ def _at(mark: _Mark | None) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
 
 
+class _Expansion:
+    """What the parser's events say of a document's nesting and of what its aliases expand
+    to. A value written counts one (a scalar, an alias, a list or a mapping); the document
+    counts each alias as the values of the node it names, sized once when that node ends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # The open lists and mappings: their values so far, anchor and where they start.
+        self.opened: list[tuple[list[int], str | None, _Mark | None]] = []
+        self.sizes: dict[str, int] = {}  # the anchored nodes that have ended
+        self.written = self.expanded = 0
+        self.biggest: tuple[int, _Mark | None] = (0, None)  # the alias repeating the most
+
+    def start(self, event: yaml.CollectionStartEvent) -> None:
+        self.written += 1
+        if len(self.opened) == MAX_NESTING:
+            where = _at(event.start_mark)
+            raise ConfigError(f"{self.path}: {where}: nested more than {MAX_NESTING} levels deep")
+        self.opened.append(([1], event.anchor, event.start_mark))
+
+    def end(self) -> None:
+        [size], anchor, _ = self.opened.pop()
+        if anchor is not None:
+            self.sizes[anchor] = size
+        self._add(size)
+
+    def alias(self, event: yaml.AliasEvent) -> None:
+        self.written += 1
+        for _, anchor, mark in self.opened:
+            if anchor is not None and anchor == event.anchor:
+                raise ConfigError(f"{self.path}: {_at(mark)}: an alias names a node holding it")
+        size = self.sizes.get(event.anchor or "", 1)  # an unknown one is the composer's error
+        self.biggest = max(self.biggest, (size, event.start_mark), key=lambda found: found[0])
+        self._add(size)
+
+    def scalar(self, event: yaml.ScalarEvent) -> None:
+        self.written += 1
+        if event.anchor is not None:
+            self.sizes[event.anchor] = 1
+        self._add(1)
+
+    def _add(self, size: int) -> None:
+        if self.opened:
+            self.opened[-1][0][0] += size
+        else:
+            self.expanded += size
+
+    def check_limit(self) -> None:
+        limit = max(EXPANSION_FACTOR * self.written, EXPANSION_FLOOR)
+        if self.expanded > limit:
+            size, mark = self.biggest
+            raise ConfigError(
+                f"{self.path}: {_at(mark)}: aliases expand the {self.written:,} values written "
+                f"to {self.expanded:,}, more than {limit:,} (the larger of {EXPANSION_FACTOR} "
+                f"times those written and {EXPANSION_FLOOR:,}); the alias here repeats {size:,}"
+            )
+
+
 def _check_events(text: str, path: Path) -> None:
     """Refuse nesting deeper than MAX_NESTING, an alias inside the node it names, and aliases
     that expand the document past its limit, from the parser's events: they need no
-    recursion, and nothing of the document is composed or built yet.
-
-    A value written counts one (a scalar, an alias, a list or a mapping); the document counts
-    each alias as the values of the node it names, sized once when that node ends.
-    """
-    # The open lists and mappings: their values so far, anchor and where they start.
-    opened: list[tuple[list[int], str | None, _Mark | None]] = []
-    sizes: dict[str, int] = {}  # the anchored nodes that have ended
-    written = expanded = 0
-    biggest: tuple[int, _Mark | None] = (0, None)  # the alias repeating the most values
+    recursion, and nothing of the document is composed or built yet."""
+    counted = _Expansion(path)
     for event in yaml.parse(text, Loader=_LOADER):
-        size = 1
         if isinstance(event, yaml.CollectionStartEvent):
-            written += 1
-            if len(opened) == MAX_NESTING:
-                raise ConfigError(
-                    f"{path}: {_at(event.start_mark)}: nested more than {MAX_NESTING} levels deep"
-                )
-            opened.append(([1], event.anchor, event.start_mark))
-            continue
-        if isinstance(event, yaml.CollectionEndEvent):
-            [size], anchor, _ = opened.pop()
-            if anchor is not None:
-                sizes[anchor] = size
+            counted.start(event)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            counted.end()
         elif isinstance(event, yaml.AliasEvent):
-            written += 1
-            for _, anchor, mark in opened:
-                if anchor is not None and anchor == event.anchor:
-                    raise ConfigError(f"{path}: {_at(mark)}: an alias names a node holding it")
-            size = sizes.get(event.anchor or "", 1)  # an unknown one is the composer's error
-            biggest = max(biggest, (size, event.start_mark), key=lambda found: found[0])
+            counted.alias(event)
         elif isinstance(event, yaml.ScalarEvent):
-            written += 1
-            if event.anchor is not None:
-                sizes[event.anchor] = 1
-        else:  # the stream's and documents' starts and ends
-            continue
-        if opened:
-            opened[-1][0][0] += size
-        else:
-            expanded += size
-    limit = max(EXPANSION_FACTOR * written, EXPANSION_FLOOR)
-    if expanded > limit:
-        size, mark = biggest
-        raise ConfigError(
-            f"{path}: {_at(mark)}: aliases expand the {written:,} values written to "
-            f"{expanded:,}, more than {limit:,} (the larger of {EXPANSION_FACTOR} times those "
-            f"written and {EXPANSION_FLOOR:,}); the alias here repeats {size:,}"
-        )
+            counted.scalar(event)
+        # the stream's and documents' starts and ends count for nothing
+    counted.check_limit()
 
 
 def _node_name(node: yaml.Node) -> str | None:

@@ -3,8 +3,8 @@ target that reads it, and how two names that reach one server are told to be one
 
 from __future__ import annotations
 
-import logging
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
