@@ -27,8 +27,9 @@ from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapsho
 from .collect.vocabulary import format_age, format_held
 from .config.settings import Config, TargetSettings
 from .durations import format_duration
+from .forensics.model import LEAK_AFTER, Backend, Forensics
 from .forensics.page import forensics_json, statements_json
-from .forensics.read import LEAK_AFTER, Backend, Forensics, answer
+from .forensics.read import answer
 from .hygiene.risky import SAFE_FORM, WHAT
 from .keys import catalog
 from .keys.appnames import RewriteRule, rewrite

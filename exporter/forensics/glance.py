@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pg_advisory_exporter.keys.key import BIGINT_KEY, AdvisoryKey
 
-from .read import Backend, Forensics, LockEntry, Waiter
+from .model import Backend, Forensics, LockEntry, Waiter
 
 
 def key_group(lock: LockEntry) -> str:

@@ -17,7 +17,7 @@ from pg_advisory_exporter.keys.key import BIGINT_KEY
 
 from .answers import Answer
 from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, key_groups, split_held
-from .read import LEAK_AFTER, Backend, ContendedKey, Forensics, LockEntry, Waiter
+from .model import LEAK_AFTER, Backend, ContendedKey, Forensics, LockEntry, Waiter
 
 # Every value on the page comes from the server, and clients choose their own
 # application_name and query text: each is escaped, and the page may run no script at all.
