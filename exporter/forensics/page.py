@@ -16,7 +16,7 @@ from pg_advisory_exporter.hygiene.risky import RULES, SAFE_FORM, WHAT
 from pg_advisory_exporter.keys.key import BIGINT_KEY
 
 from .answers import Answer
-from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, key_groups, split_held
+from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, held_per_group, split_held
 from .model import LEAK_AFTER, Backend, ContendedKey, Forensics, LockEntry, Waiter
 
 # Every value on the page comes from the server, and clients choose their own
@@ -99,7 +99,7 @@ def _holder(backend: Backend, query_text: bool) -> dict[str, Any]:
         "leak_suspect": backend.leak_suspect,
         "locks": [_lock(lock) for lock in backend.held],
         "locks_left_out": backend.held_left_out,
-        "key_groups": [{"group": g, "locks": n} for g, n in key_groups(backend)],
+        "key_groups": [{"group": g, "locks": n} for g, n in held_per_group(backend)],
     }
 
 
@@ -332,7 +332,7 @@ def _held(backend: Backend, awaited: Awaited) -> str:
     the first few others, and every listed key behind a disclosure (no script)."""
     groups = "".join(
         f'<li><span class="group">{_e(group)}</span>: <span class="count">{count:,}</span></li>'
-        for group, count in key_groups(backend)
+        for group, count in held_per_group(backend)
     )
     summary = f'<ul class="groups">{groups}</ul>'
     if backend.held_left_out:
