@@ -28,7 +28,7 @@ from .collect.vocabulary import format_age, format_held
 from .config.settings import Config, TargetSettings
 from .durations import format_duration
 from .forensics.model import LEAK_AFTER, Backend, Forensics
-from .forensics.page import forensics_json, statements_json
+from .forensics.page_json import forensics_json, statements_json
 from .forensics.read import answer
 from .hygiene.risky import SAFE_FORM, WHAT
 from .keys import catalog
