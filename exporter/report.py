@@ -3,25 +3,22 @@ for a person at a terminal, or as one JSON document."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .alerting.rules import Thresholds
-from .collect.capacity import lock_table_capacity
 from .collect.connection import Session, Unanswered
-from .collect.dead_client import (
-    ReleaseSettings,
-    dead_client_release_seconds,
-    idle_in_transaction_release_seconds,
-)
+from .collect.dead_client import ReleaseSettings
 from .collect.holds import NO_HOLDS, Holds, HoldTracker
 from .collect.pg_stat_statements import StatementsRead, read_once
 from .collect.scheduling import Watchdog
-from .collect.series import key_groups
+from .collect.series import KeyGroup, key_groups
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
 from .collect.vocabulary import format_age, format_held
 from .config.settings import Config, TargetSettings
@@ -38,16 +35,45 @@ EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10
 
 
+@dataclass(frozen=True)
+class Checked:
+    """One target as `check` read it, or why it could not."""
+
+    name: str
+    role: str = ""
+    snapshot: ServerSnapshot | None = None
+    registry: Registry = NO_KEYS
+    forensics: Forensics | None = None
+    hygiene: Hygiene | None = None
+    error: str | None = None
+    holds: Holds = NO_HOLDS
+    rules: tuple[RewriteRule, ...] = ()  # the target's application_name rewrites
+
+    @property
+    def grant(self) -> str | None:
+        """The statement that lets the role read every session's state; None where it can."""
+        if self.snapshot is None or self.snapshot.can_read_all_stats:
+            return None
+        return grant_read_all_stats(self.role)
+
+    @functools.cached_property
+    def key_groups(self) -> Mapping[tuple[str, str], KeyGroup]:
+        """Each registered key's holders, waiters and longest hold by (database, key name),
+        as the series count them: computed once for the sections that show them."""
+        assert self.snapshot is not None
+        return key_groups(self.snapshot, self.registry, self.holds)
+
+
 def _header(checked: Checked, out: TextIO) -> None:
     snapshot = checked.snapshot
     assert snapshot is not None
-    capacity = lock_table_capacity(snapshot.capacity_settings)
+    capacity = snapshot.lock_table_capacity
     out.write(f"Target {checked.name}: PostgreSQL {snapshot.server_version}\n")
     if snapshot.can_read_all_stats:
         out.write("  Privileges: the role can read every session's state\n")
     else:
         out.write(
-            f"  Privileges: MISSING. Run {grant_read_all_stats(checked.role)}; until then states "
+            f"  Privileges: MISSING. Run {checked.grant}; until then states "
             "inside transactions are unknown and idle ages cannot be read\n"
         )
     use = f"{snapshot.lock_table_entries:,} entries"
@@ -61,12 +87,11 @@ def _header(checked: Checked, out: TextIO) -> None:
 
 
 def _registered_keys(checked: Checked, out: TextIO) -> None:
-    snapshot, registry = checked.snapshot, checked.registry
-    assert snapshot is not None
+    registry = checked.registry
     own = [key for key in registry.entries if not key.catalog]
     if not own:
         return
-    groups = key_groups(snapshot, registry, checked.holds)
+    groups = checked.key_groups
     out.write(f"\n  Registered keys ({len(own)})\n")
     rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
     for key in own:
@@ -84,14 +109,13 @@ def _registered_keys(checked: Checked, out: TextIO) -> None:
 
 def _well_known_keys(checked: Checked, out: TextIO) -> None:
     """The catalog's keys that someone holds or awaits (they are many, and mostly idle)."""
-    snapshot, registry = checked.snapshot, checked.registry
-    assert snapshot is not None
+    registry = checked.registry
     names = {key.name for key in registry.keys if key.catalog}
     if not names:
         return
     in_use = [
         (datname, name, group)
-        for (datname, name), group in key_groups(snapshot, registry, checked.holds).items()
+        for (datname, name), group in checked.key_groups.items()
         if name in names and (group.holders or group.waiters)
     ]
     out.write(f"\n  Well-known keys in use ({len(in_use)})\n")
@@ -191,8 +215,8 @@ def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> No
     out.write("\n  Hygiene\n")
     settings = snapshot.release_settings
     holders = snapshot.idle_session_holders
-    if settings.known:
-        bound = dead_client_release_seconds(settings)
+    bound = snapshot.dead_client_release_seconds
+    if bound is not None:
         flag = "TOO LONG: " if bound > Thresholds().dead_client_release_after else ""
         out.write(
             f"    Dead client: {flag}a session idle outside a transaction keeps its locks "
@@ -201,7 +225,7 @@ def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> No
         )
     else:
         out.write("    Dead client: the server cannot say its keepalive settings here\n")
-    idle_in_transaction = idle_in_transaction_release_seconds(settings)
+    idle_in_transaction = snapshot.idle_in_transaction_release_seconds
     out.write(
         "    Idle in transaction: "
         + (
@@ -217,11 +241,9 @@ def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> No
 
 def hygiene_json(snapshot: ServerSnapshot, hygiene: Hygiene) -> dict[str, Any]:
     settings = snapshot.release_settings
-    idle_in_transaction = idle_in_transaction_release_seconds(settings)
+    idle_in_transaction = snapshot.idle_in_transaction_release_seconds
     return {
-        "dead_client_release_seconds": (
-            dead_client_release_seconds(settings) if settings.known else None
-        ),
+        "dead_client_release_seconds": snapshot.dead_client_release_seconds,
         "idle_in_transaction_release_seconds": (
             None if math.isinf(idle_in_transaction) else idle_in_transaction
         ),
@@ -268,29 +290,14 @@ def report_json(checked: Checked) -> dict[str, Any]:
         "target": checked.name,
         "server_version": snapshot.server_version,
         "can_read_all_stats": snapshot.can_read_all_stats,
-        "grant": None if snapshot.can_read_all_stats else grant_read_all_stats(checked.role),
+        "grant": checked.grant,
         "lock_table_entries": snapshot.lock_table_entries,
-        "lock_table_capacity": lock_table_capacity(snapshot.capacity_settings),
+        "lock_table_capacity": snapshot.lock_table_capacity,
         "backend_table_entries_max": snapshot.backend_table_entries_max,
         "max_locks_per_transaction": snapshot.capacity_settings.max_locks_per_transaction,
         **forensics_json(forensics),
         **({} if checked.hygiene is None else {"hygiene": hygiene_json(snapshot, checked.hygiene)}),
     }
-
-
-@dataclass(frozen=True)
-class Checked:
-    """One target as `check` read it, or why it could not."""
-
-    name: str
-    role: str = ""
-    snapshot: ServerSnapshot | None = None
-    registry: Registry = NO_KEYS
-    forensics: Forensics | None = None
-    hygiene: Hygiene | None = None
-    error: str | None = None
-    holds: Holds = NO_HOLDS
-    rules: tuple[RewriteRule, ...] = ()  # the target's application_name rewrites
 
 
 def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
