@@ -10,11 +10,10 @@ from datetime import datetime
 
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.vocabulary import format_age, format_held
-from pg_advisory_exporter.hygiene.risky import SAFE_FORM, WHAT
 
+from . import words
 from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, held_per_group, split_held
 from .model import LEAK_AFTER, Backend, Forensics, LockEntry
-from .words import unix_time
 
 # Fits a 1,280 px window whatever the values: tables as wide as the page with fixed column
 # widths, and long values (keys, names, statements) wrapped anywhere.
@@ -46,7 +45,10 @@ ul.chains ul > li::before { content: "\\2190  "; color: #55555a; }
 
 
 def _e(value: object) -> str:
-    return html.escape("-" if value is None or value == "" else str(value))
+    return html.escape(words.blank(value))
+
+
+_STRANDED = '<span class="warn">stranded</span>'
 
 
 def _moment(value: datetime | None) -> str | None:
@@ -59,16 +61,6 @@ def _key(lock: LockEntry) -> str:
         name += f", held {_e(format_age(lock.held_seconds))}"
     name += ")" if name else ""
     return f'<code class="key">{_e(lock.key)}</code>{name}'
-
-
-def _pooler(backend: Backend) -> str:
-    if backend.pool is None:
-        return "-"
-    return _e(backend.pool) + (' <span class="warn">stranded</span>' if backend.stranded else "")
-
-
-def _pids(pids: Iterable[int]) -> str:
-    return ", ".join(str(pid) for pid in pids) or "-"
 
 
 def _table(headings: Sequence[tuple[str, str]], rows: Iterable[Sequence[str]]) -> str:
@@ -90,14 +82,15 @@ def _query(backend: Backend, query_text: bool) -> list[str]:
 def _who(backend: Backend, started: bool = False) -> str:
     """Application, database, client and pooler (and when it started), a line each."""
     lines = [_e(backend.series_name)]
-    if backend.series_name != backend.application_name:
-        lines.append(f'<span class="note">as set</span> {_e(backend.application_name)}')
+    raw = words.set_as(backend)
+    if raw is not None:
+        lines.append(f'<span class="note">as set</span> {_e(raw)}')
     lines += [
         f'<span class="note">db</span> {_e(backend.datname)}',
-        f'<span class="note">from</span> {_e(backend.client or "-")}',
+        f'<span class="note">from</span> {_e(backend.client)}',
     ]
     if backend.pool is not None:
-        lines.append(f'<span class="note">pool</span> {_pooler(backend)}')
+        lines.append(f'<span class="note">pool</span> {words.pool(backend, _STRANDED, _e)}')
     if started:
         lines.append(f'<span class="note">since</span> {_e(_moment(backend.backend_start))}')
         if backend.xact_start is not None:
@@ -128,8 +121,8 @@ def _waiters_table(forensics: Forensics) -> str:
     rows = [
         [
             _e(w.backend.pid),
-            f"<strong>{_pids(w.blocked_by)}</strong>",
-            _pids(w.queued_behind),
+            f"<strong>{words.pids(w.blocked_by, ', ')}</strong>",
+            words.pids(w.queued_behind, ", "),
             _key(w.lock),
             _e(w.lock.mode),
             _e(format_age(w.lock.wait_seconds)),
@@ -291,9 +284,9 @@ def _statements_section(read: StatementsRead | None) -> str:
     if not read.reads_all:
         notes.append("Only the monitoring role's own statements could be read (it lacks "
                      "pg_read_all_stats).")  # fmt: skip
-    skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(read.skipped.items()) if n)
-    if skipped:
-        notes.append(f"Not judged: {skipped}.")
+    not_judged = words.not_judged(read)
+    if not_judged:
+        notes.append(f"Not judged: {not_judged}.")
     if not read.risky:
         notes.append("No statement judged breaks a rule.")
     heading += "".join(f'<p class="note">{_e(note)}</p>\n' for note in notes)
@@ -301,7 +294,7 @@ def _statements_section(read: StatementsRead | None) -> str:
         return heading
     rows = [
         [
-            _e(", ".join(sorted(found.rules))),
+            _e(words.rules(found)),
             _e(found.datname),
             _e(found.rolname),
             _e(f"{found.calls:,}"),
@@ -311,10 +304,9 @@ def _statements_section(read: StatementsRead | None) -> str:
     ]
     headings = [("Rule", "16%"), ("Database", "10%"), ("User", "10%"), ("Calls", "7%"),
                 ("Statement", "")]  # fmt: skip
-    rules = sorted({rule for found in read.risky for rule in found.rules})
     safe = "".join(
-        f"<li><code>{_e(rule)}</code>: {_e(WHAT[rule])} Safe form: {_e(SAFE_FORM[rule])}</li>"
-        for rule in rules
+        f"<li><code>{_e(rule)}</code>: {_e(words.advice(rule))}</li>"
+        for rule in words.rules_broken(read)
     )
     return heading + _table(headings, rows) + f'<ul class="note">{safe}</ul>\n'
 
@@ -339,7 +331,7 @@ def parts(forensics: Forensics) -> tuple[str, str]:
     """The HTML page, before and after its age."""
     target = html.escape(forensics.target)
     notes = [
-        f"Read at {_e(unix_time(forensics.read_at))} ({_AGE} ago); "
+        f"Read at {_e(words.unix_time(forensics.read_at))} ({_AGE} ago); "
         f"{forensics.backends_total:,} backends hold or await advisory locks."
     ]
     if forensics.backends_left_out:

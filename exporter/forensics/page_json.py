@@ -13,9 +13,9 @@ from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.hygiene.risky import RULES, SAFE_FORM, WHAT
 from pg_advisory_exporter.keys.key import BIGINT_KEY
 
+from . import words
 from .glance import ChainNode, blocking_chains, held_per_group
 from .model import Backend, ContendedKey, Forensics, LockEntry, Waiter
-from .words import unix_time
 
 
 def _time(value: datetime | None) -> str | None:
@@ -118,7 +118,7 @@ def forensics_json(forensics: Forensics) -> dict[str, Any]:
     """The holders, waiters and contended keys, as /locks and `check --format json` give them."""
     names = {b.pid: b.series_name for b in forensics.backends}
     return {
-        "read_at": unix_time(forensics.read_at),
+        "read_at": words.unix_time(forensics.read_at),
         "query_text": forensics.query_text,
         "backends_total": forensics.backends_total,
         "backends_left_out": forensics.backends_left_out,

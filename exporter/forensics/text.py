@@ -9,8 +9,8 @@ from typing import TextIO
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.snapshot import grant_read_all_stats
 from pg_advisory_exporter.collect.vocabulary import format_age, format_held
-from pg_advisory_exporter.hygiene.risky import SAFE_FORM, WHAT
 
+from . import words
 from .model import LEAK_AFTER, Backend, Forensics
 
 _MOST_ROWS = 20  # of holders and of waiters; the report says how many it left out
@@ -34,31 +34,11 @@ def _left_out(count: int, out: TextIO) -> None:
         out.write(f"    ... and {count - _MOST_ROWS} more\n")
 
 
-def _pooler(backend: Backend) -> str:
-    if backend.pool is None:
-        return "-"
-    return backend.pool + (" STRANDED" if backend.stranded else "")
-
-
-def _keys(backend: Backend) -> tuple[str, str]:
-    """The first key held (with how many more) and its name."""
-    held = backend.held
-    if not held:
-        return "-", "-"
-    more = backend.held_entries - 1
-    return str(held[0].key) + (f" (+{more} more)" if more > 0 else ""), held[0].key_name or "-"
-
-
 def _application(backend: Backend) -> str:
     """Its name as the series give it, and as the client set it where a rewrite changed it."""
     name = repr(backend.series_name)
-    if backend.series_name != backend.application_name:
-        name += f" (set as {backend.application_name!r})"
-    return name
-
-
-def _pids(pids: Sequence[int]) -> str:
-    return ",".join(map(str, pids)) or "-"
+    raw = words.set_as(backend)
+    return name if raw is None else f"{name} (set as {raw!r})"
 
 
 def print_forensics(forensics: Forensics, out: TextIO) -> None:
@@ -81,12 +61,12 @@ def _waiters(forensics: Forensics, out: TextIO) -> None:
                     _application(w.backend),
                     format_age(w.lock.wait_seconds),
                     str(w.lock.key),
-                    w.lock.key_name or "-",
+                    words.blank(w.lock.key_name),
                     w.lock.mode,
-                    _pids(w.blocked_by),
-                    _pids(w.queued_behind),
-                    w.backend.client or "-",
-                    _pooler(w.backend),
+                    words.pids(w.blocked_by, ","),
+                    words.pids(w.queued_behind, ","),
+                    words.blank(w.backend.client),
+                    words.pool(w.backend, "STRANDED"),
                 )
                 for w in waiters[:_MOST_ROWS]
             ],
@@ -113,9 +93,9 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
                     b.state_word + (" LEAKED?" if b.leak_suspect else ""),
                     format_age(b.state_seconds),
                     format_held(b.held_seconds, b.held_at_least),
-                    *_keys(b),
-                    b.client or "-",
-                    _pooler(b),
+                    *words.first_key(b),
+                    words.blank(b.client),
+                    words.pool(b, "STRANDED"),
                     b.level,
                 )
                 for b in holders[:_MOST_ROWS]
@@ -139,7 +119,7 @@ def _contended(forensics: Forensics, out: TextIO) -> None:
         + [
             (
                 str(key.key),
-                key.key_name or "-",
+                words.blank(key.key_name),
                 key.datname,
                 ",".join(f"{pid}:{mode}" for pid, mode in key.holders) or "-",
                 ",".join(f"{pid}:{mode}" for pid, mode in key.waiters),
@@ -165,19 +145,15 @@ def print_statements(read: StatementsRead | None, out: TextIO) -> None:
     )
     if not read.reads_all:
         out.write("    (only the role's own statements: " + grant_read_all_stats(read.role) + ")\n")
-    skipped = {reason: n for reason, n in read.skipped.items() if n}
-    if skipped:
-        words = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
-        out.write(f"    Not judged: {words}\n")
+    not_judged = words.not_judged(read)
+    if not_judged:
+        out.write(f"    Not judged: {not_judged}\n")
     if not read.risky:
         return
     table(
         [("RULES", "DATABASE", "USER", "CALLS", "STATEMENT")]
-        + [
-            (", ".join(sorted(r.rules)), r.datname, r.rolname, f"{r.calls:,}", r.text)
-            for r in read.risky
-        ],
+        + [(words.rules(r), r.datname, r.rolname, f"{r.calls:,}", r.text) for r in read.risky],
         out,
     )
-    for rule in sorted({rule for r in read.risky for rule in r.rules}):
-        out.write(f"    {rule}: {WHAT[rule]} Safe form: {SAFE_FORM[rule]}\n")
+    for rule in words.rules_broken(read):
+        out.write(f"    {rule}: {words.advice(rule)}\n")
