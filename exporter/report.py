@@ -1,5 +1,4 @@
-"""`pg-advisory-exporter check`: one collection and one forensics read of each target, printed
-for a person at a terminal, or as one JSON document."""
+"""The check command: each target read once, reported as text for a person or as JSON."""
 
 from __future__ import annotations
 

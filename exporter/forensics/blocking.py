@@ -1,5 +1,4 @@
-"""Who blocks whom, from the rows of one read: each waiter's blockers and the waiters queued
-ahead of it, the contended keys, and the read assembled from its backends (`assemble`)."""
+"""Who blocks whom in one read: each waiter's blockers and queue, and the contended keys."""
 
 from __future__ import annotations
 

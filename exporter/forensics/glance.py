@@ -1,6 +1,4 @@
-"""What the /locks page shows at a glance, computed from one read: the keys a backend holds
-counted per group, its held locks split by whether somebody awaits them, and who blocks whom
-as a forest of chains."""
+"""What /locks shows at a glance: keys held per group, the awaited ones, who blocks whom."""
 
 from __future__ import annotations
 

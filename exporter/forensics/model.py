@@ -1,5 +1,4 @@
-"""One /locks read of a server as a model: each backend with its advisory locks, the waiters
-and what holds them back, the contended keys, and the read as a whole (`Forensics`)."""
+"""One /locks read as a model: backends and their advisory locks, waiters, contended keys."""
 
 from __future__ import annotations
 

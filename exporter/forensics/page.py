@@ -1,5 +1,4 @@
-"""The /locks page of one target: its forensics as JSON (page_json.py) or as HTML
-(page_html.py), rendered once per answer and format for every request that gets the answer."""
+"""The /locks page of one answer in one format, JSON or HTML, made once for all its requests."""
 
 from __future__ import annotations
 

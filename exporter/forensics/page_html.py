@@ -1,6 +1,4 @@
-"""The /locks page as HTML: one self-contained page (no script, an inline style) of who blocks
-whom, the waiters, the holders and their keys at a glance, the contended keys and the risky
-statements of one read, every value from the server escaped."""
+"""The /locks page of one read as HTML: self-contained, no script, every value escaped."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The JSON document of /locks (`forensics_json`, which `check --format json` gives too): the
-holders, waiters, contended keys, blocking chains and risky statements of one read, written
-compact in parts around its age."""
+"""The JSON document of one read, for /locks and check --format json, in parts around its age."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The /locks read of one server: its one statement, the rows mapped to backends (key names,
-levels, poolers, how long each lock has been held), and a target read once, server then poolers
-(`answer`), when a person asks (`/locks`, `check`), never on a scrape."""
+"""The /locks read of a server: its statement, its rows mapped to backends, a target read once."""
 
 from __future__ import annotations
 

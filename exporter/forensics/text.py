@@ -1,5 +1,4 @@
-"""One read's forensics as check prints them for a terminal: waiters, holders, contended keys
-and risky statements, each a text table."""
+"""One read's forensics as check prints them: waiters, holders, contended keys, statements."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The WSGI app: the exporter's endpoints (metrics, /probe and /locks for one target, a landing
-page, health, liveness and readiness, reload), routed by path to a handler each; http/server.py
-serves it."""
+"""The WSGI app: a handler per endpoint (metrics, probe, locks, landing page, health, reload)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The HTTP server: listening (IPv6 and IPv4 on one socket where the host has both), a thread
-per connection within the caps and deadlines of connections.py, TLS per connection, and a
-shutdown that wakes it at once."""
+"""The HTTP server: listening, a thread per connection within bounds, TLS, a prompt shutdown."""
 
 from __future__ import annotations
 
