@@ -19,9 +19,10 @@ from .config.dsn import server_of
 from .config.model import split_listen_address
 from .config.settings import Config, TargetSettings
 from .forensics.answers import Answer, OnDemand, on_demand
-from .http.app import make_app, serve
+from .http.app import make_app
 from .http.collector import ExporterCollector
 from .http.discovered import DiscoveredCollector, DiscoveredTargets, ProbeRefused
+from .http.server import serve
 from .http.web_access import WebAccess
 from .http.web_config import WebSettings
 from .metrics import Sample, config_reload

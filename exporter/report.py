@@ -1,97 +1,78 @@
-"""`pg-advisory-exporter check`: one collection and one forensics read of each target, printed
-for a person at a terminal, or as one JSON document."""
+"""The check command: each target read once, reported as text for a person or as JSON."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .alerting.rules import Thresholds
-from .collect.capacity import lock_table_capacity
 from .collect.connection import Session, Unanswered
-from .collect.dead_client import (
-    ReleaseSettings,
-    dead_client_release_seconds,
-    idle_in_transaction_release_seconds,
-)
+from .collect.dead_client import ReleaseSettings
 from .collect.holds import NO_HOLDS, Holds, HoldTracker
 from .collect.pg_stat_statements import StatementsRead, read_once
 from .collect.scheduling import Watchdog
-from .collect.series import key_groups
+from .collect.series import KeyGroup, key_groups
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
 from .collect.vocabulary import format_age, format_held
 from .config.settings import Config, TargetSettings
 from .durations import format_duration
-from .forensics.page import forensics_json, statements_json
-from .forensics.read import LEAK_AFTER, Backend, Forensics, answer
-from .hygiene.risky import SAFE_FORM, WHAT
+from .forensics.model import Forensics
+from .forensics.page_json import forensics_json, statements_json
+from .forensics.read import answer
+from .forensics.text import print_forensics, print_statements, table
 from .keys import catalog
 from .keys.appnames import RewriteRule, rewrite
 from .keys.registry import NO_KEYS, Registry
 
 EXIT_UNREACHABLE = 1
 _TOP_APPLICATIONS = 10
-_MOST_ROWS = 20  # of holders and of waiters; the report says how many it left out
-_WAITER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "WAITING", "KEY", "NAME", "MODE",
-                   "BLOCKED BY", "QUEUED BEHIND", "CLIENT", "POOLER")  # fmt: skip
-_HOLDER_COLUMNS = ("PID", "DATABASE", "APPLICATION", "STATE", "IN STATE", "HELD FOR", "KEY",
-                   "NAME", "CLIENT", "POOLER", "LEVEL")  # fmt: skip
 
 
-def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-        out.write(f"    {cells.rstrip()}\n")
+@dataclass(frozen=True)
+class Checked:
+    """One target as `check` read it, or why it could not."""
 
+    name: str
+    role: str = ""
+    snapshot: ServerSnapshot | None = None
+    registry: Registry = NO_KEYS
+    forensics: Forensics | None = None
+    hygiene: Hygiene | None = None
+    error: str | None = None
+    holds: Holds = NO_HOLDS
+    rules: tuple[RewriteRule, ...] = ()  # the target's application_name rewrites
 
-def _left_out(count: int, out: TextIO) -> None:
-    if count > _MOST_ROWS:
-        out.write(f"    ... and {count - _MOST_ROWS} more\n")
+    @property
+    def grant(self) -> str | None:
+        """The statement that lets the role read every session's state; None where it can."""
+        if self.snapshot is None or self.snapshot.can_read_all_stats:
+            return None
+        return grant_read_all_stats(self.role)
 
-
-def _pooler(backend: Backend) -> str:
-    if backend.pool is None:
-        return "-"
-    return backend.pool + (" STRANDED" if backend.stranded else "")
-
-
-def _keys(backend: Backend) -> tuple[str, str]:
-    """The first key held (with how many more) and its name."""
-    held = backend.held
-    if not held:
-        return "-", "-"
-    more = backend.held_entries - 1
-    return str(held[0].key) + (f" (+{more} more)" if more > 0 else ""), held[0].key_name or "-"
-
-
-def _application(backend: Backend) -> str:
-    """Its name as the series give it, and as the client set it where a rewrite changed it."""
-    name = repr(backend.series_name)
-    if backend.series_name != backend.application_name:
-        name += f" (set as {backend.application_name!r})"
-    return name
-
-
-def _pids(pids: Sequence[int]) -> str:
-    return ",".join(map(str, pids)) or "-"
+    @functools.cached_property
+    def key_groups(self) -> Mapping[tuple[str, str], KeyGroup]:
+        """Each registered key's holders, waiters and longest hold by (database, key name),
+        as the series count them: computed once for the sections that show them."""
+        assert self.snapshot is not None
+        return key_groups(self.snapshot, self.registry, self.holds)
 
 
 def _header(checked: Checked, out: TextIO) -> None:
     snapshot = checked.snapshot
     assert snapshot is not None
-    capacity = lock_table_capacity(snapshot.capacity_settings)
+    capacity = snapshot.lock_table_capacity
     out.write(f"Target {checked.name}: PostgreSQL {snapshot.server_version}\n")
     if snapshot.can_read_all_stats:
         out.write("  Privileges: the role can read every session's state\n")
     else:
         out.write(
-            f"  Privileges: MISSING. Run {grant_read_all_stats(checked.role)}; until then states "
+            f"  Privileges: MISSING. Run {checked.grant}; until then states "
             "inside transactions are unknown and idle ages cannot be read\n"
         )
     use = f"{snapshot.lock_table_entries:,} entries"
@@ -104,95 +85,12 @@ def _header(checked: Checked, out: TextIO) -> None:
     )
 
 
-def _waiters(forensics: Forensics, out: TextIO) -> None:
-    waiters = forensics.waiters
-    out.write(f"\n  Waiters ({len(waiters)}), the longest first\n")
-    if waiters:
-        _table(
-            [_WAITER_COLUMNS]
-            + [
-                (
-                    str(w.backend.pid),
-                    w.backend.datname,
-                    _application(w.backend),
-                    format_age(w.lock.wait_seconds),
-                    str(w.lock.key),
-                    w.lock.key_name or "-",
-                    w.lock.mode,
-                    _pids(w.blocked_by),
-                    _pids(w.queued_behind),
-                    w.backend.client or "-",
-                    _pooler(w.backend),
-                )
-                for w in waiters[:_MOST_ROWS]
-            ],
-            out,
-        )
-        _left_out(len(waiters), out)
-
-
-def _holders(forensics: Forensics, out: TextIO) -> None:
-    holders = forensics.holders
-    out.write(
-        f"\n  Holders ({len(holders)}): those of awaited keys first, then the longest in "
-        "their state; LEAKED?: idle over the leak alert's "
-        f"{format_age(LEAK_AFTER)}\n"
-    )
-    if holders:
-        _table(
-            [_HOLDER_COLUMNS]
-            + [
-                (
-                    str(b.pid),
-                    b.datname,
-                    _application(b),
-                    b.state_word + (" LEAKED?" if b.leak_suspect else ""),
-                    format_age(b.state_seconds),
-                    format_held(b.held_seconds, b.held_at_least),
-                    *_keys(b),
-                    b.client or "-",
-                    _pooler(b),
-                    b.level,
-                )
-                for b in holders[:_MOST_ROWS]
-            ],
-            out,
-        )
-        _left_out(len(holders), out)
-    if forensics.backends_left_out:
-        out.write(f"    ({forensics.backends_left_out} more backends were not read)\n")
-    for view in forensics.poolers:
-        if view.error is not None:
-            out.write(f"    pooler {view.name} could not be read: {view.error}\n")
-
-
-def _contended(forensics: Forensics, out: TextIO) -> None:
-    if not forensics.contended:
-        return
-    out.write(f"\n  Contended keys ({len(forensics.contended)})\n")
-    _table(
-        [("KEY", "NAME", "DATABASE", "HOLDERS", "WAITERS")]
-        + [
-            (
-                str(key.key),
-                key.key_name or "-",
-                key.datname,
-                ",".join(f"{pid}:{mode}" for pid, mode in key.holders) or "-",
-                ",".join(f"{pid}:{mode}" for pid, mode in key.waiters),
-            )
-            for key in forensics.contended
-        ],
-        out,
-    )
-
-
 def _registered_keys(checked: Checked, out: TextIO) -> None:
-    snapshot, registry = checked.snapshot, checked.registry
-    assert snapshot is not None
+    registry = checked.registry
     own = [key for key in registry.entries if not key.catalog]
     if not own:
         return
-    groups = key_groups(snapshot, registry, checked.holds)
+    groups = checked.key_groups
     out.write(f"\n  Registered keys ({len(own)})\n")
     rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
     for key in own:
@@ -205,24 +103,23 @@ def _registered_keys(checked: Checked, out: TextIO) -> None:
             )
         if not found:
             rows.append((key.name, "-", "0", "0", "-", limit))
-    _table(rows, out)
+    table(rows, out)
 
 
 def _well_known_keys(checked: Checked, out: TextIO) -> None:
     """The catalog's keys that someone holds or awaits (they are many, and mostly idle)."""
-    snapshot, registry = checked.snapshot, checked.registry
-    assert snapshot is not None
+    registry = checked.registry
     names = {key.name for key in registry.keys if key.catalog}
     if not names:
         return
     in_use = [
         (datname, name, group)
-        for (datname, name), group in key_groups(snapshot, registry, checked.holds).items()
+        for (datname, name), group in checked.key_groups.items()
         if name in names and (group.holders or group.waiters)
     ]
     out.write(f"\n  Well-known keys in use ({len(in_use)})\n")
     if in_use:
-        _table(
+        table(
             [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIBRARY")]
             + [
                 (
@@ -251,7 +148,7 @@ def _top_applications(checked: Checked, out: TextIO) -> None:
     top = sorted(apps.items(), key=lambda item: (-item[1][0], item[0]))[:_TOP_APPLICATIONS]
     out.write(f"\n  Top applications by advisory locks held ({len(apps)} in all)\n")
     if top:
-        _table(
+        table(
             [("DATABASE", "APPLICATION", "LOCKS", "HOLDERS", "WAITERS")]
             + [
                 (datname, repr(app), f"{held:,}", str(holders), str(waiting))
@@ -317,8 +214,8 @@ def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> No
     out.write("\n  Hygiene\n")
     settings = snapshot.release_settings
     holders = snapshot.idle_session_holders
-    if settings.known:
-        bound = dead_client_release_seconds(settings)
+    bound = snapshot.dead_client_release_seconds
+    if bound is not None:
         flag = "TOO LONG: " if bound > Thresholds().dead_client_release_after else ""
         out.write(
             f"    Dead client: {flag}a session idle outside a transaction keeps its locks "
@@ -327,7 +224,7 @@ def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> No
         )
     else:
         out.write("    Dead client: the server cannot say its keepalive settings here\n")
-    idle_in_transaction = idle_in_transaction_release_seconds(settings)
+    idle_in_transaction = snapshot.idle_in_transaction_release_seconds
     out.write(
         "    Idle in transaction: "
         + (
@@ -338,48 +235,14 @@ def print_hygiene(snapshot: ServerSnapshot, hygiene: Hygiene, out: TextIO) -> No
     )
     for override in hygiene.overrides:
         out.write(f"    Set for some sessions only: {override}\n")
-    _risky_statements(hygiene.statements, out)
-
-
-def _risky_statements(read: StatementsRead | None, out: TextIO) -> None:
-    if read is None:
-        out.write("    Risky statements: not read (statements_interval is 0)\n")
-        return
-    if read.error is not None:
-        out.write(f"    Risky statements: pg_stat_statements cannot be read: {read.error}\n")
-        return
-    shown = f", the first {len(read.risky)} shown" if read.risky_total > len(read.risky) else ""
-    out.write(
-        f"    Risky statements in pg_stat_statements ({read.risky_total}{shown}), most called "
-        "first\n"
-    )
-    if not read.reads_all:
-        out.write("    (only the role's own statements: " + grant_read_all_stats(read.role) + ")\n")
-    skipped = {reason: n for reason, n in read.skipped.items() if n}
-    if skipped:
-        words = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
-        out.write(f"    Not judged: {words}\n")
-    if not read.risky:
-        return
-    _table(
-        [("RULES", "DATABASE", "USER", "CALLS", "STATEMENT")]
-        + [
-            (", ".join(sorted(r.rules)), r.datname, r.rolname, f"{r.calls:,}", r.text)
-            for r in read.risky
-        ],
-        out,
-    )
-    for rule in sorted({rule for r in read.risky for rule in r.rules}):
-        out.write(f"    {rule}: {WHAT[rule]} Safe form: {SAFE_FORM[rule]}\n")
+    print_statements(hygiene.statements, out)
 
 
 def hygiene_json(snapshot: ServerSnapshot, hygiene: Hygiene) -> dict[str, Any]:
     settings = snapshot.release_settings
-    idle_in_transaction = idle_in_transaction_release_seconds(settings)
+    idle_in_transaction = snapshot.idle_in_transaction_release_seconds
     return {
-        "dead_client_release_seconds": (
-            dead_client_release_seconds(settings) if settings.known else None
-        ),
+        "dead_client_release_seconds": snapshot.dead_client_release_seconds,
         "idle_in_transaction_release_seconds": (
             None if math.isinf(idle_in_transaction) else idle_in_transaction
         ),
@@ -406,9 +269,7 @@ def print_report(checked: Checked, out: TextIO) -> None:
     assert checked.snapshot is not None
     assert checked.forensics is not None
     _header(checked, out)
-    _waiters(checked.forensics, out)
-    _holders(checked.forensics, out)
-    _contended(checked.forensics, out)
+    print_forensics(checked.forensics, out)
     _registered_keys(checked, out)
     _well_known_keys(checked, out)
     _top_applications(checked, out)
@@ -428,29 +289,14 @@ def report_json(checked: Checked) -> dict[str, Any]:
         "target": checked.name,
         "server_version": snapshot.server_version,
         "can_read_all_stats": snapshot.can_read_all_stats,
-        "grant": None if snapshot.can_read_all_stats else grant_read_all_stats(checked.role),
+        "grant": checked.grant,
         "lock_table_entries": snapshot.lock_table_entries,
-        "lock_table_capacity": lock_table_capacity(snapshot.capacity_settings),
+        "lock_table_capacity": snapshot.lock_table_capacity,
         "backend_table_entries_max": snapshot.backend_table_entries_max,
         "max_locks_per_transaction": snapshot.capacity_settings.max_locks_per_transaction,
         **forensics_json(forensics),
         **({} if checked.hygiene is None else {"hygiene": hygiene_json(snapshot, checked.hygiene)}),
     }
-
-
-@dataclass(frozen=True)
-class Checked:
-    """One target as `check` read it, or why it could not."""
-
-    name: str
-    role: str = ""
-    snapshot: ServerSnapshot | None = None
-    registry: Registry = NO_KEYS
-    forensics: Forensics | None = None
-    hygiene: Hygiene | None = None
-    error: str | None = None
-    holds: Holds = NO_HOLDS
-    rules: tuple[RewriteRule, ...] = ()  # the target's application_name rewrites
 
 
 def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:

@@ -35,7 +35,7 @@ from pg_advisory_exporter.collect.dead_client import ReleaseSettings
 from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
 from pg_advisory_exporter.collect.snapshot import BackendLocks, ServerSnapshot
 from pg_advisory_exporter.config import loader, settings
-from pg_advisory_exporter.forensics.read import Backend, LockEntry
+from pg_advisory_exporter.forensics.model import Backend, LockEntry
 from pg_advisory_exporter.keys.derive import local_parts
 
 PG_MAJOR = int(os.environ.get("PG_VERSION", DEFAULT_MAJOR))

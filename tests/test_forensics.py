@@ -19,16 +19,12 @@ from support import BACKEND_START, Clock, forensic_backend
 from pg_advisory_exporter.collect.connection import Unanswered
 from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
 from pg_advisory_exporter.forensics.answers import Answer, OnDemand
+from pg_advisory_exporter.forensics.blocking import assemble, conflicts
 from pg_advisory_exporter.forensics.glance import CHAIN_DEPTH, blocking_chains
-from pg_advisory_exporter.forensics.page import Page, forensics_json, render
-from pg_advisory_exporter.forensics.read import (
-    Backend,
-    Forensics,
-    LockEntry,
-    assemble,
-    backend_from_row,
-    conflicts,
-)
+from pg_advisory_exporter.forensics.model import Backend, Forensics, LockEntry
+from pg_advisory_exporter.forensics.page import Page, render
+from pg_advisory_exporter.forensics.page_json import forensics_json
+from pg_advisory_exporter.forensics.read import backend_from_row
 from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
 from pg_advisory_exporter.keys.registry import KeyConfig, Registry
 

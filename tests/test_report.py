@@ -25,7 +25,8 @@ from support import (
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.poolers import PoolerView
-from pg_advisory_exporter.forensics.read import Backend, LockEntry, assemble
+from pg_advisory_exporter.forensics.blocking import assemble
+from pg_advisory_exporter.forensics.model import Backend, LockEntry
 from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
 from pg_advisory_exporter.keys.registry import NO_KEYS
 from pg_advisory_exporter.report import Checked, print_report

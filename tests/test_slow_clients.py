@@ -18,8 +18,8 @@ import pytest
 import yaml
 from support import REFUSED_DSN, RunningExporter, StartExporter, Tls, basic_auth, wait_until
 
-from pg_advisory_exporter.http.app import MAX_PER_ADDRESS, REQUEST_DEADLINE
 from pg_advisory_exporter.http.connections import Connections
+from pg_advisory_exporter.http.server import MAX_PER_ADDRESS, REQUEST_DEADLINE
 
 # Version-independent (tests/conftest.py): no server answers these exporters' DSN.
 pytestmark = pytest.mark.any_version

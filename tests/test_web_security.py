@@ -32,7 +32,7 @@ from support import (
     wait_until,
 )
 
-from pg_advisory_exporter.http.app import serve
+from pg_advisory_exporter.http.server import serve
 from pg_advisory_exporter.http.web_access import CHALLENGE, WebAccess, certificate_sans
 from pg_advisory_exporter.http.web_config import read_web_config
 

@@ -14,8 +14,12 @@ from psycopg.rows import dict_row
 from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY
 from pg_advisory_exporter.keys.registry import NO_KEYS, RegisteredKey, Registry
 
-from .capacity import CapacitySettings
-from .dead_client import ReleaseSettings
+from .capacity import CapacitySettings, lock_table_capacity
+from .dead_client import (
+    ReleaseSettings,
+    dead_client_release_seconds,
+    idle_in_transaction_release_seconds,
+)
 from .versions import LockWaits, columns_for, lock_waits
 from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK
 
@@ -394,6 +398,23 @@ class ServerSnapshot:
     def databases(self) -> frozenset[str]:
         """The server's databases but the templates (those it reads deadlocks for)."""
         return frozenset(self.deadlocks)
+
+    @property
+    def lock_table_capacity(self) -> int | None:
+        """The entries its lock table is sized for (capacity.py); None where not verified."""
+        return lock_table_capacity(self.capacity_settings)
+
+    @property
+    def dead_client_release_seconds(self) -> float | None:
+        """How long a dead client's idle session keeps its locks (dead_client.py); None where
+        the keepalive settings cannot be read."""
+        settings = self.release_settings
+        return dead_client_release_seconds(settings) if settings.known else None
+
+    @property
+    def idle_in_transaction_release_seconds(self) -> float:
+        """How long a stuck client's session idle in a transaction keeps them (+Inf: for ever)."""
+        return idle_in_transaction_release_seconds(self.release_settings)
 
 
 def _age(seconds: float | None) -> float | None:

@@ -20,7 +20,8 @@ from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.sharing import Shared, Turn
 
-from .read import Forensics, answer
+from .model import Forensics
+from .read import answer
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,4 @@
-"""What the /locks page shows at a glance, computed from one read: a backend's keys by group,
-its held locks split by whether somebody awaits them, and who blocks whom."""
+"""What /locks shows at a glance: keys held per group, the awaited ones, who blocks whom."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from dataclasses import dataclass
 
 from pg_advisory_exporter.keys.key import BIGINT_KEY, AdvisoryKey
 
-from .read import Backend, Forensics, LockEntry, Waiter
+from .model import Backend, Forensics, LockEntry, Waiter
 
 
 def key_group(lock: LockEntry) -> str:
@@ -22,8 +21,10 @@ def key_group(lock: LockEntry) -> str:
     return f"namespace {lock.key.parts[0]}"
 
 
-def key_groups(backend: Backend) -> list[tuple[str, int]]:
-    """The listed keys it holds, counted per group, the largest group first."""
+def held_per_group(backend: Backend) -> list[tuple[str, int]]:
+    """The listed keys it holds, counted per group, the largest group first: a holder's
+    `key_groups` on the page (not collect/series.py's key_groups, each registered key's
+    holders and waiters)."""
     counts = Counter(key_group(lock) for lock in backend.held)
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 

@@ -1,26 +1,20 @@
-"""On-demand forensics: who holds and who awaits advisory locks on one server, read when a
-person asks (`/locks`, `check`), never on a scrape."""
+"""The /locks read of a server: its statement, its rows mapped to backends, a target read once."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.connection import Session, new_session
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Hold, Holder, Holds, hold_of
-from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
-from pg_advisory_exporter.collect.poolers import PooledBackend, Poolers, PoolerView, owner
+from pg_advisory_exporter.collect.poolers import Poolers, PoolerView, owner
 from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.config.model import LocksPageSettings
 from pg_advisory_exporter.config.settings import TargetSettings
@@ -28,13 +22,8 @@ from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.registry import Level, Registry
 
-log = logging.getLogger(__name__)
-
-# When an idle holder is marked as the leak alert's (PgAdvisoryLockLeaked's default threshold):
-# the page cannot know the thresholds of the rules a shop deploys.
-LEAK_AFTER = Thresholds().leaked_lock_after
-
-T = TypeVar("T")
+from .blocking import assemble
+from .model import Backend, Forensics, LockEntry
 
 # The most lock entries listed per backend (its total is always given), and the most
 # backends listed (the number left out is given): a backend holding 100,000 locks, or a
@@ -139,173 +128,6 @@ FORENSICS_WITH_QUERY_SQL = _FORENSICS_TEMPLATE.format(
 )
 
 
-def conflicts(held: str, wanted: str) -> bool:
-    """Whether two advisory lock modes conflict: exclusive with both, share only with
-    exclusive (PostgreSQL's lock conflict table for ExclusiveLock and ShareLock)."""
-    return vocabulary.EXCLUSIVE in (held, wanted)
-
-
-@dataclass(frozen=True)
-class LockEntry:
-    """One pg_locks row of a backend: a key in a database, in one mode, held or awaited."""
-
-    database: int  # the oid: with the key, what two backends must share to conflict
-    key: AdvisoryKey
-    mode: str  # the word of its mode: vocabulary.EXCLUSIVE or SHARE
-    granted: bool
-    wait_start: datetime | None = None  # awaited only; NULL for a moment after a wait begins
-    wait_seconds: float | None = None  # awaited only
-    key_name: str | None = None  # from the key registry or the catalog
-    catalog: bool = False  # the name is the built-in catalog's
-    held_seconds: float | None = None  # held, of a named key: how long (collect/holds.py)
-    long_lived: bool = False  # the key's holder is idle on purpose (a leader, a migration)
-
-    @property
-    def lock(self) -> tuple[int, AdvisoryKey]:
-        return self.database, self.key
-
-
-@dataclass(frozen=True)
-class Backend:
-    """One backend that holds or awaits advisory locks."""
-
-    pid: int
-    datname: str
-    application_name: str  # raw: as the client set it
-    client_addr: str | None  # None for a Unix socket, or where privileges hide it
-    client_port: int | None
-    backend_start: datetime | None
-    state: str | None  # None where privileges hide it
-    state_seconds: float | None
-    xact_start: datetime | None
-    session_level: bool  # every advisory lock it holds is certainly session-level
-    lock_entries: int  # all of them, held and awaited, listed or not
-    locks: tuple[LockEntry, ...]  # those listed: the awaited one and contended keys first
-    query: str | None = None  # only where the target's locks_page.query_text is on
-    pooled: PooledBackend | None = None
-    # How long it has held advisory locks (collect/holds.py); None if it holds none. At least
-    # that long where the exporter did not see the hold begin (it found it held).
-    held_seconds: float | None = None
-    held_at_least: bool = False
-    # The name the series give it (the target's rewrites applied); "" where none was made.
-    rewritten_name: str = ""
-
-    @property
-    def series_name(self) -> str:
-        """Its application_name as the series and alerts show it."""
-        return self.rewritten_name or self.application_name
-
-    @property
-    def leak_suspect(self) -> bool:
-        """Idle (or idle in a transaction) holding locks longer than PgAdvisoryLockLeaked's
-        default threshold, and not all of them long-lived keys' (a leader's, a migration's):
-        the holder the leak alert would be about."""
-        if self.state_seconds is None or self.state_seconds < LEAK_AFTER or not self.held:
-            return False
-        exempt = not self.held_left_out and all(lock.long_lived for lock in self.held)
-        return self.state_word in vocabulary.IDLE_STATES and not exempt
-
-    @property
-    def awaited(self) -> LockEntry | None:
-        return next((lock for lock in self.locks if not lock.granted), None)
-
-    @property
-    def held_entries(self) -> int:
-        return self.lock_entries - (self.awaited is not None)
-
-    @property
-    def held(self) -> tuple[LockEntry, ...]:
-        return tuple(lock for lock in self.locks if lock.granted)
-
-    @property
-    def held_left_out(self) -> int:
-        return self.held_entries - len(self.held)
-
-    @property
-    def stranded(self) -> bool:
-        shared = self.pooled is not None and self.pooled.shared
-        return vocabulary.stranded(self.held_entries, self.session_level, shared)
-
-    @property
-    def level(self) -> str:
-        return vocabulary.level_word(self.session_level)
-
-    @property
-    def state_word(self) -> str:
-        """Its state as the metrics' `state` label names it. Where privileges hide the
-        state, session_level says whether it is outside any transaction."""
-        return vocabulary.state_word(self.state, self.session_level)
-
-    @property
-    def client(self) -> str | None:
-        """addr:port (addr alone where the port is hidden); None for a Unix socket."""
-        if self.client_addr is None:
-            return None
-        port = "" if self.client_port is None else f":{self.client_port}"
-        return self.client_addr + port
-
-    @property
-    def pool(self) -> str | None:
-        """The pooler, its pool and the pool's mode, in words; None if no pooler owns it."""
-        pooled = self.pooled
-        if pooled is None:
-            return None
-        return " ".join(filter(None, (pooled.pooler, pooled.pool, pooled.pool_mode)))
-
-    @property
-    def terminate(self) -> str | None:
-        """The statement that would end the backend and release what it holds; shown, never
-        run. None for a backend that holds nothing: ending it releases nothing."""
-        if not self.held_entries:
-            return None
-        return f"SELECT pg_terminate_backend({self.pid})"
-
-
-@dataclass(frozen=True)
-class Waiter:
-    """A backend waiting for a lock, what holds it back, and who queues ahead of it."""
-
-    backend: Backend
-    lock: LockEntry
-    blocked_by: tuple[int, ...]  # pids holding the key in a conflicting mode
-    queued_behind: tuple[int, ...]  # pids awaiting it in a conflicting mode since earlier
-
-
-@dataclass(frozen=True)
-class ContendedKey:
-    """A key somebody waits for, with every holder and waiter of it."""
-
-    datname: str
-    key: AdvisoryKey
-    key_name: str | None
-    holders: tuple[tuple[int, str], ...]  # (pid, mode)
-    waiters: tuple[tuple[int, str], ...]  # (pid, mode), the longest waiting first
-
-
-@dataclass(frozen=True)
-class Forensics:
-    """One read of one server: its advisory lock holders and waiters."""
-
-    target: str
-    read_at: float  # unix time
-    backends: tuple[Backend, ...]  # waiters, holders of contended keys, the rest
-    backends_total: int  # listed or not
-    waiters: tuple[Waiter, ...]
-    contended: tuple[ContendedKey, ...]
-    query_text: bool  # whether query text was asked for
-    poolers: tuple[PoolerView, ...] = ()
-    # The risky statements of the server's last rare read of pg_stat_statements, if any.
-    statements: StatementsRead | None = None
-
-    @property
-    def holders(self) -> tuple[Backend, ...]:
-        return tuple(b for b in self.backends if b.held_entries > 0)
-
-    @property
-    def backends_left_out(self) -> int:
-        return self.backends_total - len(self.backends)
-
-
 # How long a backend has held a named key (its level, its name), in seconds.
 _HeldFor = Callable[[Level | None, str], float]
 
@@ -383,87 +205,6 @@ def backend_from_row(
     hold = held(None)
     return dataclasses.replace(
         backend, held_seconds=hold.seconds(now), held_at_least=not hold.seen_begin
-    )
-
-
-def _waiters(backends: Sequence[Backend]) -> tuple[Waiter, ...]:
-    """Each waiter's blockers and the waiters ahead of it, from the rows of the one read
-    (never pg_blocking_pids(), which takes every lock-manager partition lock per call)."""
-    granted: dict[tuple[int, AdvisoryKey], list[tuple[int, str]]] = defaultdict(list)
-    awaiting: dict[tuple[int, AdvisoryKey], list[tuple[Backend, LockEntry]]] = defaultdict(list)
-    for backend in backends:
-        for lock in backend.locks:
-            if lock.granted:
-                granted[lock.lock].append((backend.pid, lock.mode))
-            else:
-                awaiting[lock.lock].append((backend, lock))
-    waiters = []
-    for queue in awaiting.values():
-        for backend, lock in queue:
-            blocked_by = sorted(
-                {
-                    pid
-                    for pid, mode in granted[lock.lock]
-                    if pid != backend.pid and conflicts(mode, lock.mode)
-                }
-            )
-            # A wait whose start is not known yet began last (it is NULL only briefly).
-            ahead = sorted(
-                other.pid
-                for other, theirs in queue
-                if other.pid != backend.pid
-                and theirs.wait_start is not None
-                and (lock.wait_start is None or theirs.wait_start < lock.wait_start)
-                and conflicts(theirs.mode, lock.mode)
-            )
-            waiters.append(Waiter(backend, lock, tuple(blocked_by), tuple(ahead)))
-    waiters.sort(key=lambda w: (-(w.lock.wait_seconds or 0.0), w.backend.pid))
-    return tuple(waiters)
-
-
-def _contended(backends: Sequence[Backend], waiters: Sequence[Waiter]) -> tuple[ContendedKey, ...]:
-    queues: dict[tuple[int, AdvisoryKey], list[Waiter]] = {}
-    for waiter in waiters:  # the longest waiting first
-        queues.setdefault(waiter.lock.lock, []).append(waiter)
-    # In one pass: looking through every held lock for each key took 0.3 s of the GIL for
-    # 150 holders of 50 keys and 150 keys awaited, which /metrics and liveness waited out.
-    holders: dict[tuple[int, AdvisoryKey], list[tuple[int, str]]] = defaultdict(list)
-    for backend in backends:
-        for held in backend.held:
-            if held.lock in queues:
-                holders[held.lock].append((backend.pid, held.mode))
-    return tuple(
-        ContendedKey(
-            datname=queue[0].backend.datname,
-            key=queue[0].lock.key,
-            key_name=queue[0].lock.key_name,
-            holders=tuple(holders[lock]),
-            waiters=tuple((w.backend.pid, w.lock.mode) for w in queue),
-        )
-        for lock, queue in queues.items()
-    )
-
-
-def assemble(
-    target: str,
-    backends: Sequence[Backend],
-    backends_total: int | None = None,
-    *,
-    poolers: Sequence[PoolerView] = (),
-    query_text: bool = False,
-    read_at: float | None = None,
-) -> Forensics:
-    """The backends of one read, with each waiter's blockers and the contended keys."""
-    waiters = _waiters(backends)
-    return Forensics(
-        target=target,
-        read_at=time.time() if read_at is None else read_at,
-        backends=tuple(backends),
-        backends_total=len(backends) if backends_total is None else backends_total,
-        waiters=waiters,
-        contended=_contended(backends, waiters),
-        query_text=query_text,
-        poolers=tuple(poolers),
     )
 
 
