@@ -10,8 +10,6 @@ from pg_advisory_exporter.keys.appnames import RewriteRule, fold, rewrite
 from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 from pg_advisory_exporter.metrics import Sample
 
-from .capacity import lock_table_capacity
-from .dead_client import dead_client_release_seconds, idle_in_transaction_release_seconds
 from .holds import Holds, HoldTracker
 from .poolers import PoolerView, owner
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot, counted_uses
@@ -298,7 +296,7 @@ def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
             snapshot.backend_table_entries_max,
         ),
     ]
-    capacity = lock_table_capacity(snapshot.capacity_settings)
+    capacity = snapshot.lock_table_capacity
     if capacity is not None:
         samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
     waits = snapshot.lock_waits
@@ -313,21 +311,15 @@ def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
 def _release_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
     """How long a dead or stuck client's session keeps its locks, and who would be hit now:
     the backends of the whole server holding locks outside any transaction."""
-    settings = snapshot.release_settings
     samples = [
         Sample("pg_advisory_idle_session_holders", (target,), snapshot.idle_session_holders),
         Sample(
             "pg_advisory_idle_in_transaction_release_seconds",
             (target,),
-            idle_in_transaction_release_seconds(settings),
+            snapshot.idle_in_transaction_release_seconds,
         ),
     ]
-    if settings.known:
-        samples.append(
-            Sample(
-                "pg_advisory_dead_client_release_seconds",
-                (target,),
-                dead_client_release_seconds(settings),
-            )
-        )
+    dead_client = snapshot.dead_client_release_seconds
+    if dead_client is not None:
+        samples.append(Sample("pg_advisory_dead_client_release_seconds", (target,), dead_client))
     return samples
