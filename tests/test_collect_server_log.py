@@ -10,7 +10,7 @@ import pytest
 from support import SUITE_LOG_PREFIX
 
 from pg_advisory_exporter.collect.server_log import UNKNOWN, ServerLog
-from pg_advisory_exporter.config.model import ServerLogSettings
+from pg_advisory_exporter.config.targets import ServerLogSettings
 from pg_advisory_exporter.keys.appnames import OTHER, RewriteRule
 from pg_advisory_exporter.keys.registry import KeyConfig, Registry
 

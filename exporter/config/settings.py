@@ -11,17 +11,16 @@ from pathlib import Path
 from psycopg.conninfo import make_conninfo
 from pydantic import Field
 
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.dsn import server_of, with_password
-from pg_advisory_exporter.config.model import (
-    DEFAULT_PARALLEL_COLLECTIONS,
-    CollectionSettings,
+from pg_advisory_exporter.config.exporter_settings import LogConfig, WebConfig
+from pg_advisory_exporter.config.model import DEFAULT_PARALLEL_COLLECTIONS
+from pg_advisory_exporter.config.targets import (
     DiscoveredTargetsSettings,
     LocksPageSettings,
-    LogConfig,
     PoolerConfig,
     ServerLogSettings,
     TargetConfig,
-    WebConfig,
 )
 from pg_advisory_exporter.fleet.discovery import AllowList, TargetAddress, parse_allowed
 from pg_advisory_exporter.fleet.resolver import IpAddress
