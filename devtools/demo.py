@@ -37,7 +37,7 @@ from pg_advisory_exporter.config.settings import Config, TargetSettings
 from pg_advisory_exporter.config.targets import ServerLogSettings
 from pg_advisory_exporter.daemon import Daemon
 from pg_advisory_exporter.keys import catalog
-from pg_advisory_exporter.keys.registry import KeyConfig
+from pg_advisory_exporter.keys.key_config import KeyConfig
 
 from .embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, EmbeddedPostgresError
 

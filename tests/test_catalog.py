@@ -43,7 +43,8 @@ from pg_advisory_exporter.keys.catalog import (
     key_configs,
 )
 from pg_advisory_exporter.keys.key import signed
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
 
 # -- Each key, from the values the libraries' own sources and tests give -------------------
 

@@ -41,7 +41,7 @@ from pg_advisory_exporter.config.targets import (
     PoolerConfig,
     TargetConfig,
 )
-from pg_advisory_exporter.keys.registry import KeyConfig
+from pg_advisory_exporter.keys.key_config import KeyConfig
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"

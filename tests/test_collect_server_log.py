@@ -12,7 +12,8 @@ from support import SUITE_LOG_PREFIX
 from pg_advisory_exporter.collect.server_log import UNKNOWN, ServerLog
 from pg_advisory_exporter.config.targets import ServerLogSettings
 from pg_advisory_exporter.keys.appnames import OTHER, RewriteRule
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
 
 PREFIX = "2026-12-01 10:00:00.000 UTC [{pid}] {state} app@orders {app} "
 REGISTRY = Registry.resolve([KeyConfig(name="nightly", key=77)], lambda texts, seeds: [])

@@ -16,7 +16,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from pg_advisory_exporter.keys.catalog import CatalogChoice
-from pg_advisory_exporter.keys.registry import KeyConfig, check_configs
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import check_configs
 from pg_advisory_exporter.validation import Strict, step
 
 from .collection import CollectionSettings

@@ -26,7 +26,7 @@ from pg_advisory_exporter.fleet.discovery import AllowList, TargetAddress, parse
 from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.fleet.sharding import Shard
 from pg_advisory_exporter.keys.catalog import CatalogChoice
-from pg_advisory_exporter.keys.registry import KeyConfig
+from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.validation import Strict, step
 
 

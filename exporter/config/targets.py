@@ -13,7 +13,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from pg_advisory_exporter.durations import PARSE_DURATION, duration_within
 from pg_advisory_exporter.fleet.discovery import DBNAME_PATTERN, parse_allowed
 from pg_advisory_exporter.keys.catalog import CatalogChoice
-from pg_advisory_exporter.keys.registry import KeyConfig
+from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.validation import Strict
 
 from .collection import CollectionSettings, Interval

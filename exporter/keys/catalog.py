@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator
 
 from .key import signed, unsigned
-from .registry import KeyConfig, Level
+from .key_config import KeyConfig, Level
 
 
 def crc32(text: str) -> int:
