@@ -1,4 +1,4 @@
-"""Every alert rule, in the order of the shipped rule files, from the modules of its group.
+"""Every alert rule, in the order of the shipped rule files, from the modules of their groups.
 
 Each group is a module of functions that write its rules with a `RuleWriter`
 (rule_writer.py), its thresholds spelled by a `RuleValues`: the values themselves (the

@@ -19,8 +19,9 @@ from pg_advisory_exporter.validation import Strict
 from .collection import CollectionSettings, Interval
 from .dsn import Dsn, check_password_source, with_password
 
-DEFAULT_TARGET = "default"
+DEFAULT_TARGET = "default"  # the name of the target that --dsn alone makes
 
+# A target's, a pooler's and an auth module's name: safe as a label value and in a URL.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 _HOST_NAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
