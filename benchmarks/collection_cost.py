@@ -51,8 +51,9 @@ from pg_advisory_exporter.collect.holds import HoldTracker
 from pg_advisory_exporter.collect.snapshot import collect_sql, read_snapshot
 from pg_advisory_exporter.forensics.read import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
 from pg_advisory_exporter.keys import catalog
-from pg_advisory_exporter.keys.catalog import CatalogEntry
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.catalog_entry import CatalogEntry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
 
 Connection = psycopg.Connection[TupleRow]
 

@@ -36,7 +36,7 @@ from benchmarks import positive
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import prepare_session
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead, read_statements
-from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.collection import CollectionSettings
 
 FLOOR_SQL = "SELECT count(*) FROM pg_stat_statements"
 TABLES = 100  # statements differ by table and by the number of columns they select

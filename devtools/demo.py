@@ -31,17 +31,13 @@ from pydantic import ValidationError
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect.vocabulary import format_age
-from pg_advisory_exporter.config.model import (
-    CollectionSettings,
-    LogConfig,
-    RewriteRuleConfig,
-    ServerLogSettings,
-    WebConfig,
-)
+from pg_advisory_exporter.config.collection import CollectionSettings, RewriteRuleConfig
+from pg_advisory_exporter.config.exporter_settings import LogConfig, WebConfig
 from pg_advisory_exporter.config.settings import Config, TargetSettings
+from pg_advisory_exporter.config.targets import ServerLogSettings
 from pg_advisory_exporter.daemon import Daemon
 from pg_advisory_exporter.keys import catalog
-from pg_advisory_exporter.keys.registry import KeyConfig
+from pg_advisory_exporter.keys.key_config import KeyConfig
 
 from .embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, EmbeddedPostgresError
 

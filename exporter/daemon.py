@@ -16,7 +16,7 @@ from .collect.scheduling import CollectionPool, Watchdog
 from .collect.server import Server
 from .collect.target import Target
 from .config.dsn import server_of
-from .config.model import split_listen_address
+from .config.exporter_settings import split_listen_address
 from .config.settings import Config, TargetSettings
 from .forensics.answers import Answer, OnDemand, on_demand
 from .http.app import make_app

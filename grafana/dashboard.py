@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from grafana.schema import unknown_fields
-from pg_advisory_exporter.alerting.alerts import ANSWERS_FOR_SERVER
+from pg_advisory_exporter.alerting.rule_writer import ANSWERS_FOR_SERVER
 from pg_advisory_exporter.alerting.rules import RUNBOOK_URL, Thresholds
 from pg_advisory_exporter.durations import format_duration
 from pg_advisory_exporter.metrics import SPECS

@@ -30,20 +30,17 @@ from pg_advisory_exporter.collect.connection import DATABASES_SQL
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.model import FileConfig
 from pg_advisory_exporter.keys import catalog
-from pg_advisory_exporter.keys.catalog import (
-    BY_NAME,
-    DEFAULTS,
-    ENTRIES,
-    MIGRATION_KEYS,
-    NAMES,
+from pg_advisory_exporter.keys.catalog import BY_NAME, DEFAULTS, MIGRATION_KEYS, NAMES, key_configs
+from pg_advisory_exporter.keys.catalog_entry import (
     crc32,
     fnv1_32,
     golang_migrate_key,
     java_string_hash,
-    key_configs,
 )
 from pg_advisory_exporter.keys.key import signed
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
+from pg_advisory_exporter.keys.well_known_keys import ENTRIES
 
 # -- Each key, from the values the libraries' own sources and tests give -------------------
 

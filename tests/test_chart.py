@@ -28,21 +28,20 @@ from psycopg.conninfo import conninfo_to_dict
 from support import Cli, StartService, start_prometheus, wait_until
 
 from pg_advisory_exporter.alerting.rules import Thresholds
+from pg_advisory_exporter.config.collection import CollectionSettings, RewriteRuleConfig
+from pg_advisory_exporter.config.exporter_settings import LogConfig
 from pg_advisory_exporter.config.loader import load
-from pg_advisory_exporter.config.model import (
+from pg_advisory_exporter.config.model import FileConfig
+from pg_advisory_exporter.config.sources import SETTINGS, Settings, read_flags
+from pg_advisory_exporter.config.targets import (
     AUTH_MODULE_OPTIONS,
     AuthModuleConfig,
-    CollectionSettings,
     DiscoveredTargetsSettings,
-    FileConfig,
     LocksPageSettings,
-    LogConfig,
     PoolerConfig,
-    RewriteRuleConfig,
     TargetConfig,
 )
-from pg_advisory_exporter.config.sources import SETTINGS, Settings, read_flags
-from pg_advisory_exporter.keys.registry import KeyConfig
+from pg_advisory_exporter.keys.key_config import KeyConfig
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "deploy" / "helm" / "pg-advisory-exporter"

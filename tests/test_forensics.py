@@ -26,7 +26,8 @@ from pg_advisory_exporter.forensics.page import Page, render
 from pg_advisory_exporter.forensics.page_json import forensics_json
 from pg_advisory_exporter.forensics.read import backend_from_row
 from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
 
 DATABASE = 5  # the oid of "app"
 

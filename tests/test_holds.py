@@ -11,7 +11,8 @@ from pg_advisory_exporter.collect.holds import MAX_TRACKED, Hold, Holder, HoldTr
 from pg_advisory_exporter.collect.series import key_groups, leak_exempt, server_samples
 from pg_advisory_exporter.collect.snapshot import BackendLocks, KeyUse, ServerSnapshot
 from pg_advisory_exporter.keys.catalog import BY_NAME
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
 
 STARTED = READ_AT - 86_400.0  # the backend started a day before the first look
 JOB = KeyConfig(name="nightly", key=7310001)

@@ -39,7 +39,7 @@ from pg_advisory_exporter.collect.pg_stat_statements import (
     read_statements,
 )
 from pg_advisory_exporter.collect.scheduling import Watchdog
-from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.hygiene.risky import SAFE_FORM, WHAT, Rule
 

@@ -14,13 +14,8 @@ from pydantic import ValidationError
 
 from pg_advisory_exporter.keys.derive import crc32_parts, digest_parts, forms_of, template_error
 from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
-from pg_advisory_exporter.keys.registry import (
-    KeyConfig,
-    RegisteredKey,
-    Registry,
-    check_configs,
-    expand,
-)
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import RegisteredKey, Registry, check_configs, expand
 
 DOCS = Path(__file__).parent.parent / "docs" / "configuration.md"
 

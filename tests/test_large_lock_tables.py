@@ -12,7 +12,7 @@ from support import PG_MAJOR
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import prepare_session
 from pg_advisory_exporter.collect.snapshot import collect_sql
-from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.collection import CollectionSettings
 
 # More than the default work_mem (4MB) keeps in a tuplestore (about 150 bytes a lock), far
 # fewer than the exporter's session setting does.

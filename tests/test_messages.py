@@ -18,8 +18,8 @@ from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.collect import snapshot
 from pg_advisory_exporter.collect.snapshot import grant_read_all_stats, read_snapshot
+from pg_advisory_exporter.config.exporter_settings import WebConfig
 from pg_advisory_exporter.config.loader import load
-from pg_advisory_exporter.config.model import WebConfig
 from pg_advisory_exporter.config.sources import read_flags
 from pg_advisory_exporter.validation import ConfigError
 

@@ -9,7 +9,8 @@ from support import IDLE, snapshot_of
 
 from pg_advisory_exporter.collect.series import server_samples
 from pg_advisory_exporter.keys.appnames import RewriteRule
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.metrics import SPECS, Sample
 
 

@@ -16,7 +16,7 @@ from support import block_on, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.snapshot import read_snapshot
-from pg_advisory_exporter.config.model import LocksPageSettings
+from pg_advisory_exporter.config.targets import LocksPageSettings
 from pg_advisory_exporter.forensics.read import read_rows
 
 Connection = psycopg.Connection[Any]

@@ -23,7 +23,8 @@ from support import (
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.keys.derive import local_parts
-from pg_advisory_exporter.keys.registry import KeyConfig, check_configs
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import check_configs
 
 
 @pytest.mark.parametrize(

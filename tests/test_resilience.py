@@ -22,7 +22,7 @@ from support import (
 from devtools.embedded_postgres import SUPERUSER, EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import connect_to_server, prepare_session
 from pg_advisory_exporter.collect.kept_connection import CannotCollect
-from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.collection import CollectionSettings
 
 
 def test_role_without_pg_read_all_stats(

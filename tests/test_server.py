@@ -16,7 +16,7 @@ from pg_advisory_exporter.collect.directory import SAME_SERVER_RECHECK, Director
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import Server, _ReadThrough
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 
 STARTED = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)

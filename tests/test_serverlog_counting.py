@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from support import SUITE_LOG_PREFIX
 
-from pg_advisory_exporter.config.model import ServerLogSettings
+from pg_advisory_exporter.config.targets import ServerLogSettings
 from pg_advisory_exporter.keys.appnames import OTHER, RewriteRule
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.serverlog.counting import UNKNOWN, ServerLog
 
 PREFIX = "2026-12-01 10:00:00.000 UTC [{pid}] {state} app@orders {app} "

@@ -11,7 +11,8 @@ from pydantic_settings import BaseSettings, CliSettingsSource, CliSubCommand, Se
 from support import EXAMPLE_DSN, load_config, load_config_file, write_config
 
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.config.model import CollectionSettings, FileOnly
+from pg_advisory_exporter.config.collection import CollectionSettings
+from pg_advisory_exporter.config.markers import FileOnly
 from pg_advisory_exporter.config.sources import SETTINGS, Setting
 
 CONFIGURATION_DOC = Path(__file__).parent.parent / "docs" / "configuration.md"

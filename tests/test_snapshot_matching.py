@@ -16,7 +16,8 @@ from support import Connection, Session, md5_key, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.snapshot import ServerSnapshot, collect_sql, read_snapshot
-from pg_advisory_exporter.keys.registry import KeyConfig, Registry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import Registry
 
 # Keys at the edges: the high bit of objid set (classid 1, objid 0x80000001), negative keys
 # (classid and objid 0xffff...), the extremes of bigint and int4.

@@ -17,7 +17,7 @@ from pg_advisory_exporter.collect.pg_stat_statements import (
     statements_samples,
 )
 from pg_advisory_exporter.collect.scheduling import Task, Watchdog
-from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.forensics.page_json import statements_json
 from pg_advisory_exporter.hygiene.risky import Judge, Rule

@@ -19,12 +19,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from support import Tls
 
-from pg_advisory_exporter.http.web_config import (
-    CIPHER_SUITES,
-    MAX_INLINE_PEM,
-    TlsServerConfig,
-    read_web_config,
-)
+from pg_advisory_exporter.http.web_config import read_web_config
+from pg_advisory_exporter.http.web_config_file import CIPHER_SUITES, MAX_INLINE_PEM, TlsServerConfig
 from pg_advisory_exporter.validation import ConfigError
 
 HASH = bcrypt.hashpw(b"scrape-pw", bcrypt.gensalt(4)).decode()

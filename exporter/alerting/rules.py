@@ -11,7 +11,8 @@ from typing import Annotated, Any
 import yaml
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
-from pg_advisory_exporter.alerting.alerts import Alerts, RuleValues
+from pg_advisory_exporter.alerting.alerts import Alerts
+from pg_advisory_exporter.alerting.rule_writer import RuleValues
 from pg_advisory_exporter.durations import Duration, format_duration
 from pg_advisory_exporter.validation import ConfigError, Strict, describe_error
 from pg_advisory_exporter.yaml_file import read_model

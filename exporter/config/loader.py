@@ -11,16 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.dsn import password_file_problem
-from pg_advisory_exporter.config.model import (
-    DEFAULT_TARGET,
-    AuthModuleConfig,
-    CollectionSettings,
-    FileConfig,
-    ServerLogSettings,
-    ShardConfig,
-    TargetConfig,
-)
+from pg_advisory_exporter.config.exporter_settings import ShardConfig
+from pg_advisory_exporter.config.model import FileConfig
 from pg_advisory_exporter.config.settings import (
     AuthModuleSettings,
     Config,
@@ -36,6 +30,12 @@ from pg_advisory_exporter.config.sources import (
     Variables,
     origin,
     settings_from,
+)
+from pg_advisory_exporter.config.targets import (
+    DEFAULT_TARGET,
+    AuthModuleConfig,
+    ServerLogSettings,
+    TargetConfig,
 )
 from pg_advisory_exporter.fleet.sharding import Shard, ordinal_of
 from pg_advisory_exporter.keys.registry import check_configs

@@ -11,23 +11,22 @@ from pathlib import Path
 from psycopg.conninfo import make_conninfo
 from pydantic import Field
 
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.dsn import server_of, with_password
-from pg_advisory_exporter.config.model import (
-    DEFAULT_PARALLEL_COLLECTIONS,
-    CollectionSettings,
+from pg_advisory_exporter.config.exporter_settings import LogConfig, WebConfig
+from pg_advisory_exporter.config.model import DEFAULT_PARALLEL_COLLECTIONS
+from pg_advisory_exporter.config.targets import (
     DiscoveredTargetsSettings,
     LocksPageSettings,
-    LogConfig,
     PoolerConfig,
     ServerLogSettings,
     TargetConfig,
-    WebConfig,
 )
 from pg_advisory_exporter.fleet.discovery import AllowList, TargetAddress, parse_allowed
 from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.fleet.sharding import Shard
 from pg_advisory_exporter.keys.catalog import CatalogChoice
-from pg_advisory_exporter.keys.registry import KeyConfig
+from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.validation import Strict, step
 
 

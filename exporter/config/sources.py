@@ -22,17 +22,12 @@ from pydantic import AliasChoices, BaseModel, Field, ValidationError, create_mod
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.dsn import Dsn
-from pg_advisory_exporter.config.model import (
-    CollectionSettings,
-    FileConfig,
-    FileOnly,
-    LogConfig,
-    ServerLogSettings,
-    ShardConfig,
-    Spelled,
-    WebConfig,
-)
+from pg_advisory_exporter.config.exporter_settings import LogConfig, ShardConfig, WebConfig
+from pg_advisory_exporter.config.markers import FileOnly, Spelled
+from pg_advisory_exporter.config.model import FileConfig
+from pg_advisory_exporter.config.targets import ServerLogSettings
 from pg_advisory_exporter.durations import PARSE_DURATION, format_duration
 from pg_advisory_exporter.validation import ConfigError, Strict, describe_error, location
 

@@ -21,8 +21,8 @@ from pg_advisory_exporter.collect.directory import Directory
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.collect.target import Target
-from pg_advisory_exporter.config.model import DiscoveredTargetsSettings
 from pg_advisory_exporter.config.settings import AuthModuleSettings
+from pg_advisory_exporter.config.targets import DiscoveredTargetsSettings
 from pg_advisory_exporter.fleet.discovery import (
     AllowList,
     Refused,
