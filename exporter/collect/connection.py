@@ -15,12 +15,13 @@ from typing import Any
 import psycopg
 
 from pg_advisory_exporter import logs
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.dsn import redact
-from pg_advisory_exporter.config.model import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.keys import catalog
-from pg_advisory_exporter.keys.catalog import CatalogEntry
-from pg_advisory_exporter.keys.registry import HASH_TEXTS_SQL, NO_KEYS, KeyConfig, Note, Registry
+from pg_advisory_exporter.keys.catalog_entry import CatalogEntry
+from pg_advisory_exporter.keys.key_config import KeyConfig
+from pg_advisory_exporter.keys.registry import HASH_TEXTS_SQL, NO_KEYS, Note, Registry
 
 from .capacity import MIN_SERVER_VERSION
 from .kept_connection import APPLICATION_NAME, CannotCollect, KeptConnection, connect

@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from pg_advisory_exporter.keys.registry import Level, Registry
+from pg_advisory_exporter.keys.key_config import Level
+from pg_advisory_exporter.keys.registry import Registry
 
 from .snapshot import BackendLocks, ServerSnapshot, counted_uses
 from .vocabulary import IDLE_STATES, state_word

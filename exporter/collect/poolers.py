@@ -16,8 +16,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.dsn import redact
-from pg_advisory_exporter.config.model import CollectionSettings, PoolerConfig
+from pg_advisory_exporter.config.targets import PoolerConfig
 from pg_advisory_exporter.fleet import resolver
 from pg_advisory_exporter.sharing import Patience, Shared, Turn
 

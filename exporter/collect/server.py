@@ -313,6 +313,7 @@ class Server:
             raise self._read_through()
         conn = self._connection.connection()
         self._claim(self._connection.identity)
+        self._said.changed("reads through", None)  # it reads on its own (again)
         snapshot = read_snapshot(conn, self._connection.registry)
         self._connection.saw_databases(snapshot.databases)  # a new one: catalog keys next time
         return snapshot
@@ -324,18 +325,19 @@ class Server:
         if identity is None or identity is self._claimed:
             return
         self._claimed = identity
-        reader = self._directory.claim(self, identity)
-        if reader is self:
-            return
-        self._connection.drop()
-        log.warning(
-            "the same server as another target, first in the file; reading it through that one",
-            extra={"target": self.name, "same_as": reader.name, "server": str(identity)},
-        )
-        raise self._read_through()
+        if self._directory.claim(self, identity) is not self:
+            self._connection.drop()
+            raise self._read_through()
 
     def _read_through(self) -> _ReadThrough:
+        """Its answer while another server reads the one it reaches: that one's last
+        collection. Said once each time it comes to read through another."""
         reader = self.reading_server()
+        if self._said.changed("reads through", reader.name):
+            log.warning(
+                "the same server as another target, first in the file; reading it through that one",
+                extra={"target": self.name, "same_as": reader.name, "server": str(self._claimed)},
+            )
         last = reader.last()
         if last is not None:
             return _ReadThrough(last)

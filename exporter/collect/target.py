@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from pg_advisory_exporter.config.model import CollectionSettings
+from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.endpoints import LOCKS_PATH
 from pg_advisory_exporter.metrics import Sample, locks_page_info

@@ -27,21 +27,8 @@ from .targets import (
     AuthModuleConfig,
     DiscoveredTargetsSettings,
     LocksPageSettings,
-    PoolerConfig,
-    ServerLogSettings,
     TargetConfig,
 )
-
-# This module's own names, and the blocks that collect/ and forensics/ import from here (where
-# they were defined until they had modules of their own; the rest imports them from those).
-__all__ = [
-    "DEFAULT_PARALLEL_COLLECTIONS",
-    "CollectionSettings",
-    "FileConfig",
-    "LocksPageSettings",
-    "PoolerConfig",
-    "ServerLogSettings",
-]
 
 DEFAULT_PARALLEL_COLLECTIONS = 16
 

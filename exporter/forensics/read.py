@@ -16,11 +16,12 @@ from pg_advisory_exporter.collect.connection import Session, new_session
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Hold, Holder, Holds, hold_of
 from pg_advisory_exporter.collect.poolers import Poolers, PoolerView, owner
 from pg_advisory_exporter.collect.scheduling import Watchdog
-from pg_advisory_exporter.config.model import LocksPageSettings
 from pg_advisory_exporter.config.settings import TargetSettings
+from pg_advisory_exporter.config.targets import LocksPageSettings
 from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
 from pg_advisory_exporter.keys.key import AdvisoryKey
-from pg_advisory_exporter.keys.registry import Level, Registry
+from pg_advisory_exporter.keys.key_config import Level
+from pg_advisory_exporter.keys.registry import Registry
 
 from .blocking import assemble
 from .model import Backend, Forensics, LockEntry

@@ -15,20 +15,6 @@ from .catalog_entry import CatalogEntry
 from .key_config import KeyConfig
 from .well_known_keys import ENTRIES
 
-# This module's names, and CatalogEntry, which collect/ imports from here (where it was
-# defined until it had a module of its own; the rest imports it from there).
-__all__ = [
-    "BY_NAME",
-    "DEFAULTS",
-    "MIGRATION_KEYS",
-    "NAMES",
-    "CatalogChoice",
-    "CatalogEntry",
-    "key_configs",
-    "needs_databases",
-    "selected",
-]
-
 BY_NAME = {entry.name: entry for entry in ENTRIES}
 NAMES: tuple[str, ...] = tuple(entry.name for entry in ENTRIES)
 # The migration tools' keys: never a leak, and PgAdvisoryMigrationLockStuck's.

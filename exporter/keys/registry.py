@@ -16,24 +16,7 @@ from .key import (
     oids_of_bigint,
     oids_of_pair,
 )
-from .key_config import KeyConfig, Level
-
-# This module's names, and the key's model that collect/ and forensics/ import from here
-# (where it was defined until it had a module of its own; the rest imports it from there).
-__all__ = [
-    "HASH_TEXTS_SQL",
-    "NO_KEYS",
-    "HashTexts",
-    "KeyConfig",
-    "Level",
-    "Note",
-    "RegisteredKey",
-    "Registry",
-    "check_configs",
-    "expand",
-    "resolved",
-    "with_catalog",
-]
+from .key_config import KeyConfig
 
 # hashtext() and hashtextextended() are internal to PostgreSQL (changed between major
 # versions before, and dependent on the server's byte order), so the exporter asks the server
