@@ -93,6 +93,7 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/python -m devtools.code_size
 
 typecheck: $(INSTALLED)
 	$(BIN)/mypy -p pg_advisory_exporter

@@ -333,10 +333,14 @@ class Watch:
         return holders, waiters
 
     def _until(
-        self, holders: int, waiters: int, client: Client | None
+        self,
+        holders: int,
+        waiters: int,
+        client: Client | None,
+        settled: Callable[[Row], bool] = lambda row: True,
     ) -> tuple[list[Row], list[Row]]:
         """Scrape until the series count these holders and waiters, then read /locks until it
-        agrees; its rows."""
+        agrees and every row it lists is `settled`; its rows."""
         want = ([float(holders)] if holders else [], [float(waiters)] if holders or waiters else [])
 
         def counted(scrape: Scrape) -> bool:
@@ -347,7 +351,8 @@ class Watch:
 
         def listed() -> bool:
             found[:] = [self.rows(self.page())]
-            return tuple(map(len, found[0])) == (holders, waiters)
+            rows = [*found[0][0], *found[0][1]]
+            return tuple(map(len, found[0])) == (holders, waiters) and all(map(settled, rows))
 
         wait_until(listed, WAIT, lambda: f"/locks listing {self.key}: {found}")
         return found[0]
@@ -357,9 +362,12 @@ class Watch:
         its /locks row."""
         return self._until(1, 1, client)[1][0]
 
-    def held(self, client: Client | None = None) -> Row:
-        """Wait until one backend holds the key and none awaits it; its /locks row."""
-        return self._until(1, 0, client)[0][0]
+    def held(
+        self, client: Client | None = None, settled: Callable[[Row], bool] = lambda row: True
+    ) -> Row:
+        """Wait until one backend holds the key and none awaits it, and its /locks row is
+        `settled` (a tool that works in its lock's connection is read once it waits); the row."""
+        return self._until(1, 0, client, settled)[0][0]
 
     def gone(self) -> None:
         """Wait until nobody holds or awaits the key: its series are gone."""

@@ -62,13 +62,18 @@ def _installed(name: str) -> str:
     return path
 
 
-def _migrates(watch: Watch, pg: EmbeddedPostgres, start: Callable[[], Client]) -> tuple[Row, str]:
+def _migrates(
+    watch: Watch,
+    pg: EmbeddedPostgres,
+    start: Callable[[], Client],
+    settled: Callable[[Row], bool] = lambda row: True,
+) -> tuple[Row, str]:
     """The tool that `start` starts migrates while the blocker row is locked: its lock is
     named while it waits for the row, and gone once it has finished. Its /locks row while it
-    held the lock, and its output."""
+    held the lock (once `settled`), and its output."""
     with row_locked(pg, watch.datname):
         tool = start()
-        holder = watch.held(tool)
+        holder = watch.held(tool, settled)
     output = tool.finish()
     watch.gone()
     with pg.connect(watch.datname) as conn:
@@ -130,9 +135,11 @@ def test_sqitch_deploy_lock(
         Watch(exporter, "sqitch", database),
         pg,
         lambda: start_client("sqitch", [sqitch, "deploy", target], env),
+        # Sqitch reads its registry in transactions on its lock's connection before it starts
+        # psql on the change; then that connection waits, idle outside a transaction.
+        lambda row: row["state"] == "idle",
     )
     assert "+ touch_blocker .. ok" in output
-    # Its own connection waits, idle outside a transaction, for psql to run the change.
     check_level(holder, "session")
 
 

@@ -8,7 +8,15 @@ import time
 
 import psycopg
 import pytest
-from support import PG_MAJOR, OneTarget, Scrape, Session, StartExporter, block_on
+from support import (
+    PG_MAJOR,
+    OneTarget,
+    RunningExporter,
+    Scrape,
+    Session,
+    StartExporter,
+    block_on,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres
 
@@ -18,6 +26,14 @@ WAITED = "pg_advisory_server_lock_wait_seconds_total"
 
 def _counted(scrape: Scrape) -> tuple[float, float]:
     return scrape.value(WAITS, target="main"), scrape.value(WAITED, target="main")
+
+
+def _settled(exporter: RunningExporter) -> tuple[float, float]:
+    """The counts once every backend has reported what it did until now: a backend sends its
+    statistics at most once a second (PGSTAT_MIN_INTERVAL), and a scrape past the exporter's
+    min_interval collects anew."""
+    time.sleep(1.5)
+    return _counted(exporter.scrape())
 
 
 def test_the_server_counts_a_granted_wait_and_not_one_given_up(
@@ -33,9 +49,9 @@ def test_the_server_counts_a_granted_wait_and_not_one_given_up(
         # Not read at all: no series, and the statement never named the view.
         assert first.find(WAITS) == first.find(WAITED) == []
         return
-    with pg.connect() as admin:
-        admin.execute("SELECT pg_stat_reset_shared('lock')")
-    before = _counted(exporter.scrape_until(lambda s: bool(s.find(WAITS))))
+    # The counts are the whole server's, and earlier tests' backends report theirs late: the
+    # baseline is read once they have (past the stats flush interval and min_interval).
+    before = _settled(exporter)
     holder = session("holder")
     holder.execute("SELECT pg_advisory_lock(4242)")
 
@@ -57,9 +73,7 @@ def test_the_server_counts_a_granted_wait_and_not_one_given_up(
     quitter.execute("SET lock_timeout = '400ms'")
     with pytest.raises(psycopg.errors.LockNotAvailable):
         quitter.execute("SELECT pg_advisory_lock(4242)")  # the waiter holds it now
-    time.sleep(0.2)  # past the exporter's min_interval: a new collection
-    assert _counted(exporter.scrape()) == (waits, waited)
+    assert _settled(exporter) == (waits, waited)
     # A try-lock never waits.
     assert quitter.execute("SELECT pg_try_advisory_lock(4242)").fetchone() == (False,)
-    time.sleep(0.2)
-    assert _counted(exporter.scrape()) == (waits, waited)
+    assert _settled(exporter) == (waits, waited)

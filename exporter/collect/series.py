@@ -260,28 +260,32 @@ def server_samples(
         if database is None or datname == database
     ]
     for (datname, application), group in sorted(groups.items()):
-        labels = (target, datname, application)
-        samples += [
-            Sample("pg_advisory_locks", (*labels, mode, granted), count)
-            for (mode, granted), count in sorted(group.locks.items())
-        ]
-        samples += [
-            Sample("pg_advisory_holders", (*labels, state), count)
-            for state, count in sorted(group.holders.items())
-        ]
-        samples += [
-            Sample("pg_advisory_idle_holder_max_seconds", (*labels, state), seconds)
-            for state, seconds in sorted(group.idle_max.items())
-        ]
-        samples += [
-            Sample("pg_advisory_waiters", labels, group.waiters),
-            Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),
-            Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
-        ]
+        samples += _group_samples((target, datname, application), group)
     samples += _key_samples(target, snapshot, registry, holds, database)
     folded = [folding.label(name) for name in names]
     samples += _pooler_samples(target, backends, folded, poolers, server_wide)
     return ServerSamples(samples, folding.folded)
+
+
+def _group_samples(labels: tuple[str, str, str], group: _Group) -> list[Sample]:
+    """The series of one database's and application's backends (`labels`)."""
+    return [
+        *(
+            Sample("pg_advisory_locks", (*labels, mode, granted), count)
+            for (mode, granted), count in sorted(group.locks.items())
+        ),
+        *(
+            Sample("pg_advisory_holders", (*labels, state), count)
+            for state, count in sorted(group.holders.items())
+        ),
+        *(
+            Sample("pg_advisory_idle_holder_max_seconds", (*labels, state), seconds)
+            for state, seconds in sorted(group.idle_max.items())
+        ),
+        Sample("pg_advisory_waiters", labels, group.waiters),
+        Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),
+        Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
+    ]
 
 
 def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
