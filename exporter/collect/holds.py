@@ -31,7 +31,7 @@ from pg_advisory_exporter.keys.key_config import Level
 from pg_advisory_exporter.keys.registry import Registry
 
 from .snapshot import BackendLocks, ServerSnapshot, counted_uses
-from .vocabulary import IDLE_STATES, state_word
+from .vocabulary import IDLE_STATES, certainly_session_level, state_word
 
 # The most holds tracked per server: about 200 bytes each, so at most about 10 MB. A server
 # past it (thousands of backends, each holding many registered keys) keeps the holds it
@@ -76,6 +76,11 @@ class Holder:
     @property
     def identity(self) -> Identity:
         return self.pid, self.backend_start
+
+    @property
+    def session_level(self) -> bool:
+        """Whether every lock it holds is certainly session-level."""
+        return certainly_session_level(not self.in_transaction, self.state)
 
     @classmethod
     def of(cls, backend: BackendLocks) -> Holder:

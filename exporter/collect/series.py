@@ -17,9 +17,7 @@ from .vocabulary import (
     EXCLUSIVE,
     IDLE_STATES,
     SHARE,
-    certainly_session_level,
     mode_word,
-    state_word,
     stranded,
 )
 
@@ -84,7 +82,7 @@ class _Group:
             self.waiters += 1
             self.wait_max = max(self.wait_max, backend.wait_seconds or 0.0)
         if held := exclusive + share:
-            state = state_word(backend.state, not backend.in_transaction)
+            state = backend.state_word
             self.holders[state] += 1
             self.backend_locks_max = max(self.backend_locks_max, held)
             if state in IDLE_STATES and backend.state_seconds is not None and not exempt:
@@ -181,11 +179,10 @@ def _pooler_samples(
         return []
     entries: dict[tuple[str, str, str, str], int] = defaultdict(int)
     for backend, label in zip(backends, labels, strict=True):
-        session_level = certainly_session_level(not backend.in_transaction, backend.state)
-        if not backend.held or not session_level:
+        if not backend.held or not backend.session_level:
             continue  # never stranded: no pooler lookup for it
         pooled = owner(poolers, backend.pid, backend.client_addr, backend.client_port)
-        if pooled is not None and stranded(backend.held, session_level, pooled.shared):
+        if pooled is not None and stranded(backend.held, backend.session_level, pooled.shared):
             entries[backend.datname, label, pooled.pooler, pooled.pool] += backend.held
     samples = []
     if server_wide:

@@ -21,7 +21,7 @@ from .dead_client import (
 )
 from .key_matching import KeyArrays, key_matching
 from .versions import LockWaits, columns_for, lock_waits
-from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK
+from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK, certainly_session_level, state_word
 
 # The collection: pg_locks is read exactly once, in lock_groups, and aggregated there to
 # one row per backend, so the cost stays close to a bare count(*) of pg_locks and the
@@ -172,7 +172,12 @@ class KeyUse:
 
 @dataclass(frozen=True)
 class BackendLocks:
-    """One backend that holds or awaits advisory locks, as the collection saw it."""
+    """One backend that holds or awaits advisory locks, as the collection saw it: counts
+    aggregated in SQL, never its locks one by one. The /locks read (forensics.model.Backend)
+    is the other model of a backend, and rightly so: it reads each lock (capped), for one
+    person's question, where this is read on every scrape at any number of locks. Both tell
+    the server's session facts to holds.Holder, and derive session level in one place
+    (vocabulary.certainly_session_level, through `session_level` here and Holder's there)."""
 
     pid: int
     datname: str
@@ -198,6 +203,16 @@ class BackendLocks:
     @property
     def waiting(self) -> bool:
         return self.awaited_mode is not None
+
+    @property
+    def session_level(self) -> bool:
+        """Whether every lock it holds is certainly session-level."""
+        return certainly_session_level(not self.in_transaction, self.state)
+
+    @property
+    def state_word(self) -> str:
+        """Its state as the metrics' `state` label names it."""
+        return state_word(self.state, not self.in_transaction)
 
     @property
     def held_share(self) -> int:

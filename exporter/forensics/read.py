@@ -195,7 +195,7 @@ def backend_from_row(
         state=row["state"],
         state_seconds=state_seconds,
         xact_start=row["xact_start"],
-        session_level=vocabulary.certainly_session_level(outside, row["state"]),
+        session_level=holder.session_level,
         lock_entries=row["lock_entries"],
         locks=locks,
         query=row.get("query"),
