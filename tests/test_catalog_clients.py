@@ -8,7 +8,8 @@ waits for its advisory lock, the test takes that key first, so that the tool is 
 too. ActiveRecord and Sqitch come from Debian (the test command installs them);
 node-pg-migrate, pg-boss and Kysely from the npm registry, PgQueuer from PyPI, each pinned
 and installed into build/ by tests/clients.py. pg_repack and pg_partman, which run in the
-server, are in test_catalog_extensions.py.
+server, are in test_catalog_extensions.py. Run on every supported version: a tool's session,
+its transactions and its lock are read as each version shows them.
 """
 
 from __future__ import annotations
@@ -43,11 +44,6 @@ from support import RunningExporter, StartExporter
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.keys.catalog import BY_NAME
-
-# Version-independent (tests/conftest.py): each tool computes its key itself; the statement that
-# reads keys is checked on every version (test_scenarios.py), and so is hashtext(), which
-# PgQueuer's statistics key is made of (test_key_libraries.py).
-pytestmark = pytest.mark.any_version
 
 
 @pytest.fixture
