@@ -157,6 +157,9 @@ def test_check_as_text_and_json(
     assert holds["client_addr"] == "127.0.0.1"
     assert target["contended_keys"][0]["key"] == "4242"
     assert "query" not in holds
+    # The risky statements once, where check reads them: its hygiene section.
+    assert "risky_statements" not in target
+    assert target["hygiene"]["risky_statements"]["statements"] == []
 
     down = write_config(tmp_path, {"targets": [{"name": "gone", "dsn": REFUSED_DSN}]}, "down.yaml")
     result = cli("check", "--format", "json", "--config.file", str(down))

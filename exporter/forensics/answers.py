@@ -114,7 +114,8 @@ def on_demand(
     Each carries what `statements` gives then: the daemon's last read of pg_stat_statements
     (a page view never reads it: its texts can be megabytes); and its holds are bounded by
     what `holds` gives: those of the server's last collection."""
-    # A read runs into its deadline, then its poolers' reads: wait for both, and a second.
+    # A read and its poolers' reads end within one deadline (read.answer); the wait allows
+    # twice that and a second, so that a busy machine's late thread is not taken for a hang.
     wait = 2 * target.collection.collection_deadline + 1.0
 
     def read() -> Forensics:
