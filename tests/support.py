@@ -599,3 +599,20 @@ class Cli(Protocol):
         check: bool = False,
         timeout: float = 30,
     ) -> subprocess.CompletedProcess[str]: ...
+
+
+# libyaml's loader where PyYAML has it: the same documents, read several times faster (the
+# tests read rendered charts and rule files by the hundred).
+_YAML_LOADER: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)
+
+
+def load_yaml(text: str | bytes) -> Any:
+    """A YAML document, read as yaml.safe_load reads it."""
+    return yaml.load(text, Loader=_YAML_LOADER)
+
+
+def load_yaml_all(text: str | bytes) -> Iterator[Any]:
+    """Each document of a YAML stream, read as yaml.safe_load_all reads them."""
+    return yaml.load_all(text, Loader=_YAML_LOADER)

@@ -35,6 +35,7 @@ from support import (
     RunningExporter,
     StartExporter,
     StartService,
+    load_yaml,
     start_prometheus,
     wait_until,
 )
@@ -97,7 +98,7 @@ def webhook() -> Iterator[Webhook]:
 
 def _alertmanager_config(webhook: Webhook) -> dict[str, Any]:
     """The example configuration in docs/, pointed at the test's webhook, with short waits."""
-    config: dict[str, Any] = yaml.safe_load((ROOT / "docs" / "alertmanager.yml").read_text())
+    config: dict[str, Any] = load_yaml((ROOT / "docs" / "alertmanager.yml").read_text())
     config["route"].update(group_wait="1s", group_interval="1s", repeat_interval="1h")
     config["receivers"][0]["webhook_configs"][0]["url"] = f"http://127.0.0.1:{webhook.port}/"
     return config

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import yaml
-from support import Cli
+from support import Cli, load_yaml
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.alerting.rules import Thresholds, rule_groups
@@ -58,7 +57,7 @@ def test_generated_files_are_fresh(path: Path, cli: Cli) -> None:
 
 
 def test_every_alert_of_the_contract_with_its_annotations() -> None:
-    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+    rules = load_yaml(RULES.read_text())["groups"][0]["rules"]
     assert {rule["alert"] for rule in rules} == CONTRACT_ALERTS
     runbook = (ROOT / "docs" / "runbook.md").read_text()
     headings = {f"#{h.lower()}" for h in re.findall(r"^## (\w+)$", runbook, flags=re.MULTILINE)}
@@ -93,7 +92,7 @@ def test_tuned_rules_carry_the_thresholds(tmp_path: Path, cli: Cli, each_promtoo
         ["--thresholds", str(overrides), "--set", "leaked_lock_after=30m",
          "--set", 'selector=cluster="eu-1"']
     )  # fmt: skip
-    rules = {r["alert"]: r for r in yaml.safe_load(text.split("\n", 1)[1])["groups"][0]["rules"]}
+    rules = {r["alert"]: r for r in load_yaml(text.split("\n", 1)[1])["groups"][0]["rules"]}
     assert rules["PgAdvisoryLockLeaked"]["expr"].endswith('{cluster="eu-1"}) > 1800')
     assert "Threshold 30m." in rules["PgAdvisoryLockLeaked"]["annotations"]["description"]
     assert rules["PgAdvisoryLockWaitersPiling"]["expr"].endswith("> 3")

@@ -25,7 +25,7 @@ import yaml
 from helm_python.chart import Chart, lint
 from helm_python.errors import HelmError
 from psycopg.conninfo import conninfo_to_dict
-from support import Cli, StartService, start_prometheus, wait_until
+from support import Cli, StartService, load_yaml, load_yaml_all, start_prometheus, wait_until
 
 from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.config.collection import CollectionSettings, RewriteRuleConfig
@@ -74,7 +74,7 @@ Document = dict[str, Any]
 
 
 def _values_file(path: Path) -> Values:
-    values: Values = yaml.safe_load(path.read_text())
+    values: Values = load_yaml(path.read_text())
     return values
 
 
@@ -100,12 +100,6 @@ def render_files(values: Values) -> dict[str, str]:
     return _render_json(json.dumps(values, sort_keys=True))
 
 
-# libyaml's loader where PyYAML has it: the same documents, read several times faster.
-_YAML_LOADER: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
-    yaml, "CSafeLoader", yaml.SafeLoader
-)
-
-
 @functools.cache
 def _documents(values_json: str) -> tuple[Document, ...]:
     """The manifests of a render, read once: most tests render one of a few value sets."""
@@ -113,7 +107,7 @@ def _documents(values_json: str) -> tuple[Document, ...]:
         document
         for path, text in sorted(_render_json(values_json).items())
         if path.endswith(".yaml")
-        for document in yaml.load_all(text, Loader=_YAML_LOADER)
+        for document in load_yaml_all(text)
         if document
     )
 
@@ -528,7 +522,7 @@ def test_a_created_service_account_mounts_no_token() -> None:
 
 
 def test_image_defaults_to_the_charts_app_version() -> None:
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    chart = load_yaml((CHART / "Chart.yaml").read_text())
     assert exporter_container(render({}))["image"] == (
         f"ghcr.io/pg-advisory-exporter/pg-advisory-exporter:{chart['appVersion']}"
     )
@@ -599,8 +593,7 @@ def test_every_endpoint_sets_the_job_the_rules_expect(name: str) -> None:
 
 def test_the_job_default_is_what_the_alert_rules_expect() -> None:
     assert (
-        yaml.safe_load((CHART / "values.yaml").read_text())["prometheusJob"]
-        == Thresholds().exporter_job
+        load_yaml((CHART / "values.yaml").read_text())["prometheusJob"] == Thresholds().exporter_job
     )
 
 
@@ -713,7 +706,7 @@ def mounted_files(documents: list[Document]) -> dict[str, tuple[str, str]]:
 def test_passwords_are_mounted_from_existing_secrets() -> None:
     values = VALUE_SETS["existing-secret"]
     documents = render(values)
-    config = yaml.safe_load(config_text(documents))
+    config = load_yaml(config_text(documents))
     files = mounted_files(documents)
     for given, rendered in zip(values["config"]["targets"], config["targets"], strict=True):
         secret = given["passwordSecret"]
@@ -738,7 +731,7 @@ def test_pooler_passwords_are_mounted_from_existing_secrets() -> None:
     that targets and poolers share is mounted once, with the keys they name."""
     values = VALUE_SETS["poolers"]
     documents = render(values)
-    config = yaml.safe_load(config_text(documents))
+    config = load_yaml(config_text(documents))
     files = mounted_files(documents)
     for given, rendered in zip(values["config"]["targets"], config["targets"], strict=True):
         secret = given["passwordSecret"]
@@ -766,7 +759,7 @@ def test_pooler_passwords_are_mounted_from_existing_secrets() -> None:
 
 def test_poolers_known_by_address_pass_through() -> None:
     values = VALUE_SETS["poolers"]
-    config = yaml.safe_load(config_text(render(values)))
+    config = load_yaml(config_text(render(values)))
     given = values["config"]["targets"][0]["poolers"][1]
     assert config["targets"][0]["poolers"][1] == given
 
@@ -784,7 +777,7 @@ def test_no_password_in_a_configmap_or_the_environment() -> None:
             assert variable["valueFrom"].keys() == {"fieldRef"}, (name, variable)
         if values.get("config", {}).get("existingSecret"):
             continue
-        for target in yaml.safe_load(config_text(documents)).get("targets", []):
+        for target in load_yaml(config_text(documents)).get("targets", []):
             assert "password" not in conninfo_to_dict(target["dsn"]), (name, target["name"])
             for pooler in target.get("poolers", []):
                 if "admin_dsn" in pooler:
@@ -906,7 +899,7 @@ def test_poolers_the_exporter_would_refuse_fail_the_render(
 def test_auth_modules_take_passwords_from_existing_secrets() -> None:
     values = VALUE_SETS["example-sharded-discovery"]
     documents = render(values)
-    config = yaml.safe_load(config_text(documents))
+    config = load_yaml(config_text(documents))
     assert "targets" not in config
     given = values["config"]["auth_modules"]["fleet"]
     module = config["auth_modules"]["fleet"]
@@ -971,7 +964,7 @@ def test_the_whole_file_can_come_from_a_secret() -> None:
 def exporter_readable(documents: list[Document], folder: Path) -> Path:
     """The rendered configuration file, its password files replaced by files in `folder`
     after checking that each is where a Secret is mounted or a volume of the user's is."""
-    config = yaml.safe_load(config_text(documents))
+    config = load_yaml(config_text(documents))
     mounted = mounted_files(documents)
     user_mounts = [m["mountPath"] for m in exporter_container(documents)["volumeMounts"]]
     for i, target in enumerate(config.get("targets", [])):
@@ -993,7 +986,7 @@ def exporter_readable(documents: list[Document], folder: Path) -> Path:
     return config_path
 
 
-DEFAULT_TARGETS = yaml.safe_load((CHART / "values.yaml").read_text())["config"]["targets"]
+DEFAULT_TARGETS = load_yaml((CHART / "values.yaml").read_text())["config"]["targets"]
 OWN_CONFIG = [n for n, v in VALUE_SETS.items() if not v.get("config", {}).get("existingSecret")]
 
 
@@ -1204,7 +1197,7 @@ def test_the_catalog_setting_reaches_the_exporter(catalog: bool | list[str]) -> 
     """`catalog: false` is a value, not an empty one the chart may drop."""
     target = {"name": "orders", "dsn": "postgresql://monitor@orders-db/postgres"}
     values = {"config": {"catalog": catalog, "targets": [{**target, "catalog": catalog}]}}
-    config = yaml.safe_load(config_text(render(values)))
+    config = load_yaml(config_text(render(values)))
     assert config["catalog"] == catalog
     assert config["targets"][0]["catalog"] == catalog
 
@@ -1307,7 +1300,7 @@ def test_what_sharding_cannot_do_fails_the_render(values: Values, message: str) 
 def _example_job_without_kubernetes(static_configs: list[dict[str, Any]]) -> dict[str, Any]:
     """The example's Prometheus job, the Services that Kubernetes discovery would find given
     as static targets carrying its labels: the tests' Prometheus has no Kubernetes to discover."""
-    prometheus = yaml.safe_load(EXAMPLE_PROMETHEUS.read_text())
+    prometheus = load_yaml(EXAMPLE_PROMETHEUS.read_text())
     (job,) = prometheus["prometheus"]["prometheusSpec"]["additionalScrapeConfigs"]
     assert job.pop("kubernetes_sd_configs") == [{"role": "service"}]
     job["static_configs"] = static_configs
@@ -1337,7 +1330,7 @@ def _routed_by_a_real_prometheus(
     documents = render(VALUE_SETS["example-sharded-discovery"])
     statefulset, service = only(documents, "StatefulSet"), only(documents, "Service")
     assert job["job_name"] == Thresholds().exporter_job
-    modules = list(yaml.safe_load(config_text(documents))["auth_modules"])
+    modules = list(load_yaml(config_text(documents))["auth_modules"])
     config = {"global": {"scrape_interval": "1h"}, "scrape_configs": [job]}
     port = start_prometheus(start_service, tmp_path, config)
     active: list[dict[str, Any]] = []

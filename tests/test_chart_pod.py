@@ -29,7 +29,7 @@ import pytest
 import yaml
 from containers import Podman
 from helm_python.chart import Chart
-from support import MONITOR_PASSWORD, Scrape, Session, wait_until
+from support import MONITOR_PASSWORD, Scrape, Session, load_yaml_all, wait_until
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
 from pg_advisory_exporter.collect.kept_connection import APPLICATION_NAME
@@ -113,7 +113,7 @@ def _render(values: dict[str, Any], *templates: str) -> list[Document]:
         doc
         for path, text in rendered.items()
         if path.endswith(templates)
-        for doc in yaml.safe_load_all(text)
+        for doc in load_yaml_all(text)
         if doc
     ]
 

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from helm_python.chart import Chart
 from helm_python.errors import HelmValuesError
-from support import TUNED_THRESHOLDS, Cli, set_flags
+from support import TUNED_THRESHOLDS, Cli, load_yaml, load_yaml_all, set_flags
 
 from devtools.rules_chart import (
     DURATION_TEXT,
@@ -33,7 +32,7 @@ def _chart_rule(values: dict[str, Any]) -> dict[str, Any]:
         doc
         for path, text in rendered.items()
         if path.endswith(".yaml")  # not NOTES.txt
-        for doc in yaml.safe_load_all(text)
+        for doc in load_yaml_all(text)
         if doc and doc.get("kind") == "PrometheusRule"
     ]
     assert len(documents) == 1, sorted(rendered)
@@ -67,7 +66,7 @@ def test_the_chart_renders_what_the_command_prints(cli: Cli, thresholds: dict[st
         "rules", "--format", "prometheusrule", "--label", "release=kube-prometheus-stack",
         *set_flags(thresholds), check=True,
     ).stdout  # fmt: skip
-    expected = yaml.safe_load(printed)
+    expected = load_yaml(printed)
     assert rule["spec"] == expected["spec"]
     assert labels.items() <= rule["metadata"]["labels"].items()
     assert rule["metadata"]["namespace"] == "monitoring"

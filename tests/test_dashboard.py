@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from log_events import every_event
 from promql_lint import LABEL_VALUES, VARIABLES, Dashboard, Panel, lint, panels
 from support import (
@@ -29,6 +28,7 @@ from support import (
     Session,
     StartExporter,
     StartService,
+    load_yaml_all,
     start_prometheus,
     wait_until,
 )
@@ -382,7 +382,7 @@ def test_kustomize_builds_the_sidecar_configmap(kubectl: str) -> None:
         check=True,
         timeout=60,
     ).stdout
-    resources = {doc["kind"]: doc for doc in yaml.safe_load_all(built)}
+    resources = {doc["kind"]: doc for doc in load_yaml_all(built)}
     assert set(resources) == {"ConfigMap", "PrometheusRule"}
     configmap = resources["ConfigMap"]
     assert configmap["metadata"]["name"] == "pg-advisory-exporter-dashboard"

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from containers import ROOT, Podman
 from helm_python.chart import Chart
-from support import RunProgram
+from support import RunProgram, load_yaml
 
 from devtools.dist import CHART
 from pg_advisory_exporter import __version__
@@ -93,7 +92,7 @@ def test_make_dist_publishes_each_part_of_this_version_with_its_checksum(
 
     with tarfile.open(dist / CHART_ARCHIVE) as chart:
         names = set(chart.getnames())
-    chart_yaml = yaml.safe_load(_member(dist / CHART_ARCHIVE, "pg-advisory-exporter/Chart.yaml"))
+    chart_yaml = load_yaml(_member(dist / CHART_ARCHIVE, "pg-advisory-exporter/Chart.yaml"))
     assert (chart_yaml["version"], chart_yaml["appVersion"]) == (__version__, __version__)
     # The chart folder's tracked files and nothing else (.helmignore keeps the rest out).
     tracked = run_program(["git", "ls-files", "."], cwd=CHART, check=True).stdout.split()

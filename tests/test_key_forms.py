@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from pydantic import ValidationError
+from support import load_yaml
 
 from pg_advisory_exporter.keys.derive import crc32_parts, digest_parts, forms_of, template_error
 from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
@@ -166,7 +166,7 @@ def _examples_section() -> str:
 def worked_examples_yaml() -> list[dict[str, Any]]:
     """The `keys` of the docs' "Keys that libraries compute", as the file gives them."""
     block = _examples_section().split("```yaml\n", 1)[1].split("```", 1)[0]
-    keys: list[dict[str, Any]] = yaml.safe_load(block)["keys"]
+    keys: list[dict[str, Any]] = load_yaml(block)["keys"]
     return keys
 
 

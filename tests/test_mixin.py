@@ -12,9 +12,8 @@ from typing import Any
 
 import _gojsonnet  # type: ignore[import-not-found]  # go-jsonnet's binding has no types
 import pytest
-import yaml
 from pydantic import ValidationError
-from support import TUNED_THRESHOLDS, set_flags
+from support import TUNED_THRESHOLDS, load_yaml, set_flags
 
 from devtools.rules_mixin import alerts_libsonnet, config_libsonnet
 from grafana import dashboard
@@ -37,13 +36,13 @@ def _render(expression: str, config: Mapping[str, Any], vendor: Path = ROOT) -> 
 
 def _alerts(config: Mapping[str, Any], vendor: Path = ROOT) -> Any:
     """The rule file a user renders (`jsonnet -S -e 'std.manifestYamlDoc(...)'`), parsed."""
-    return yaml.safe_load(_render("std.manifestYamlDoc(mixin.prometheusAlerts)", config, vendor))
+    return load_yaml(_render("std.manifestYamlDoc(mixin.prometheusAlerts)", config, vendor))
 
 
 def _printed(capsys: pytest.CaptureFixture[str], thresholds: Mapping[str, Any]) -> Any:
     """What `pg-advisory-exporter rules --set NAME=VALUE...` prints, run in this process."""
     assert cli.main(["rules", *set_flags(thresholds)]) == 0
-    return yaml.safe_load(capsys.readouterr().out)
+    return load_yaml(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize(

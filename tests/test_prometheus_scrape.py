@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from support import (
     OneTarget,
@@ -24,6 +23,7 @@ from support import (
     StartExporter,
     StartService,
     block_on,
+    load_yaml,
     start_prometheus,
     wait_until,
 )
@@ -119,7 +119,7 @@ def test_prometheus_3_asks_for_this(
     assert seen[0]["Accept"] == PROMETHEUS_3_ACCEPT
     # The chart and the docs name the Prometheus the tests ran.
     version = agent.removeprefix("Prometheus/").split("+")[0]
-    chart = yaml.safe_load((ROOT / "deploy/helm/pg-advisory-exporter/Chart.yaml").read_text())
+    chart = load_yaml((ROOT / "deploy/helm/pg-advisory-exporter/Chart.yaml").read_text())
     assert chart["annotations"]["prometheus-tested"] == version
     assert f"Prometheus 3.5 ({version})" in (ROOT / "docs" / "alerting.md").read_text()
 

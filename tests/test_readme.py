@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import yaml
-from support import PG_MAJOR
+from support import PG_MAJOR, load_yaml
 
 from devtools.embedded_postgres import SID_MAJORS, EmbeddedPostgres
 from pg_advisory_exporter.config.model import FileConfig
@@ -60,7 +60,7 @@ def _yaml_blocks() -> list[str]:
 
 
 def test_the_file_example_is_valid(tmp_path: Path) -> None:
-    configs = [yaml.safe_load(block) for block in _yaml_blocks()]
+    configs = [load_yaml(block) for block in _yaml_blocks()]
     files = [c for c in configs if "targets" in c]
     assert len(files) >= 2, "the README and docs/configuration.md each have a file example"
     secret = tmp_path / "secret"

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-import yaml
-from support import REFUSED_DSN, Cli, StartExporter
+from support import REFUSED_DSN, Cli, StartExporter, load_yaml
 
 from devtools import dist
 from pg_advisory_exporter import __version__
@@ -71,12 +70,12 @@ def test_chart_yaml_and_the_dockerfile_are_written_from_the_version() -> None:
     # Fresh: `make generate` would change nothing.
     assert dist.chart_yaml(chart_yaml) == chart_yaml
     assert dist.dockerfile(dockerfile) == dockerfile
-    chart = yaml.safe_load(chart_yaml)
+    chart = load_yaml(chart_yaml)
     assert (chart["version"], chart["appVersion"]) == (__version__, __version__)
     label = re.findall(r'org\.opencontainers\.image\.version="([^"]*)"', dockerfile)
     assert label == [__version__]
     # Another version is written where each of them is.
-    written = yaml.safe_load(dist.chart_yaml(chart_yaml, "9.8.7"))
+    written = load_yaml(dist.chart_yaml(chart_yaml, "9.8.7"))
     assert (written["version"], written["appVersion"]) == ("9.8.7", "9.8.7")
     assert 'org.opencontainers.image.version="9.8.7"' in dist.dockerfile(dockerfile, "9.8.7")
 
