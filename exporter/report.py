@@ -285,8 +285,6 @@ def report_json(checked: Checked) -> dict[str, Any]:
     snapshot, forensics = checked.snapshot, checked.forensics
     assert snapshot is not None
     assert forensics is not None
-    page = forensics_json(forensics)
-    del page["risky_statements"]  # /locks's: check reads its own, in its hygiene section
     return {
         "target": checked.name,
         "server_version": snapshot.server_version,
@@ -296,7 +294,7 @@ def report_json(checked: Checked) -> dict[str, Any]:
         "lock_table_capacity": snapshot.lock_table_capacity,
         "backend_table_entries_max": snapshot.backend_table_entries_max,
         "max_locks_per_transaction": snapshot.capacity_settings.max_locks_per_transaction,
-        **page,
+        **forensics_json(forensics),
         **({} if checked.hygiene is None else {"hygiene": hygiene_json(snapshot, checked.hygiene)}),
     }
 

@@ -150,6 +150,7 @@ def test_the_lock_table_holds_the_exported_capacity_a_hard_limit_from_19(
                 # Full, it fails the exporter's connection too, as the runbook says.
                 full = start_exporter(config=one_target(server.dsn()))
                 assert full.scrape().value("pg_advisory_up", target="main") == 0
+                assert "out of shared memory" in full.log()
             else:
                 conn.execute("SELECT pg_catalog.pg_advisory_lock(0)")
                 assert conn.execute(_HELD).fetchone() == (capacity + 1,)

@@ -24,25 +24,36 @@ def test_each_module_over_its_limit_is_named(tmp_path: Path) -> None:
     ]
 
 
-def _function(name: str, lines: int, indent: str = "") -> str:
-    """A function of exactly `lines` lines: its def, one decorator, and its body."""
+def _function(name: str, lines: int, indent: str = "", kind: str = "def") -> str:
+    """A function of exactly `lines` lines: one decorator, its def, and its body."""
     body = "".join(f"{indent}    x = {i}\n" for i in range(lines - 2))
-    return f"{indent}@staticmethod\n{indent}def {name}():\n{body}"
+    return f"{indent}@staticmethod\n{indent}{kind} {name}():\n{body}"
 
 
 def test_each_function_over_its_limit_is_named_where_it_is(tmp_path: Path) -> None:
     package = tmp_path / "pkg"
     package.mkdir()
+    over = FUNCTION_LINES + 1
+    # outer holds inner (within the limit) and deeper (over it), each named by where it is;
+    # outer's own length counts both.
+    nested = "def outer():\n" + _function("inner", FUNCTION_LINES, "    ")
     (package / "m.py").write_text(
         _function("fits", FUNCTION_LINES)
         + "class Holder:\n"
-        + _function("long", FUNCTION_LINES + 1, "    ")
+        + _function("long", over, "    ")
+        + _function("waits", over, kind="async def")
         + _function("allowed", 70)
+        + nested
+        + "    def deeper():\n"
+        + "".join(f"        y = {i}\n" for i in range(over - 1))
     )
-    assert offenders(package, {"m.py:allowed": (70, "one table, read top to bottom")}) == [
-        f"m.py:Holder.long: {FUNCTION_LINES + 1} lines (limit {FUNCTION_LINES})"
+    limit = f"(limit {FUNCTION_LINES})"
+    found = offenders(package, {"m.py:allowed": (70, "one table, read top to bottom")})
+    outer_lines = 1 + FUNCTION_LINES + over
+    assert found == [
+        f"m.py:Holder.long: {over} lines {limit}",
+        f"m.py:waits: {over} lines {limit}",
+        f"m.py:outer: {outer_lines} lines {limit}",
+        f"m.py:outer.deeper: {over} lines {limit}",
     ]
-    assert offenders(package, {}) == [
-        "m.py:Holder.long: 61 lines (limit 60)",
-        "m.py:allowed: 70 lines (limit 60)",
-    ]
+    assert f"m.py:allowed: 70 lines {limit}" in offenders(package, {})

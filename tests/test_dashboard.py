@@ -38,9 +38,6 @@ from grafana import dashboard
 from pg_advisory_exporter.collect.versions import READS
 from pg_advisory_exporter.metrics import SPECS
 
-# Version-independent (tests/conftest.py): the dashboard's queries against a real Prometheus.
-pytestmark = pytest.mark.any_version
-
 ROOT = Path(__file__).parent.parent
 DASHBOARD = ROOT / "grafana" / "pg-advisory-exporter.json"
 

@@ -362,7 +362,12 @@ def test_json_is_compact() -> None:
     found = _read(forensic_backend(1, _lock(1)), forensic_backend(2, _lock(1, waiting_since=1)))
     text = b"".join(render("main", Answer(found, None, 0.0), as_json=True).body(0.5)).decode()
     document = json.loads(text)
-    assert document == {"target": "main", "age_seconds": 0.5, **forensics_json(found)}
+    assert document == {
+        "target": "main",
+        "age_seconds": 0.5,
+        **forensics_json(found),
+        "risky_statements": None,  # none read
+    }
     assert text == json.dumps(document, separators=(",", ":"))  # no indent, no spaces
 
 

@@ -44,8 +44,7 @@ def _temporary_blocks(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     )
 
 
-@pytest.mark.pg  # starts its own server
-@pytest.mark.any_version  # the exporter's session never spills, whatever the version
+@pytest.mark.pg  # starts its own server; on every version, whose spilling differs
 def test_the_collection_keeps_its_rows_in_memory_where_a_default_session_spills(
     crowded: EmbeddedPostgres,
 ) -> None:

@@ -73,7 +73,10 @@ def test_the_server_counts_a_granted_wait_and_not_one_given_up(
     quitter.execute("SET lock_timeout = '400ms'")
     with pytest.raises(psycopg.errors.LockNotAvailable):
         quitter.execute("SELECT pg_advisory_lock(4242)")  # the waiter holds it now
+    # Whatever it counted reaches the shared statistics now, not at the backend's next flush.
+    quitter.execute("SELECT pg_stat_force_next_flush()")
     assert _settled(exporter) == (waits, waited)
     # A try-lock never waits.
     assert quitter.execute("SELECT pg_try_advisory_lock(4242)").fetchone() == (False,)
+    quitter.execute("SELECT pg_stat_force_next_flush()")
     assert _settled(exporter) == (waits, waited)

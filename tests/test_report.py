@@ -123,6 +123,8 @@ def test_check_as_text_and_json(
     held_and_awaited: tuple[int, int],
 ) -> None:
     holder_pid, waiter_pid = held_and_awaited
+    with pg.connect() as conn:  # a risky statement for check's read of pg_stat_statements
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('nightly')) AS report_key")
     config = {
         "keys": [{"name": "billing_batch", "key": 4242}],
         "targets": [{"name": "main", "dsn": monitor_dsn}],
@@ -159,7 +161,10 @@ def test_check_as_text_and_json(
     assert "query" not in holds
     # The risky statements once, where check reads them: its hygiene section.
     assert "risky_statements" not in target
-    assert isinstance(target["hygiene"]["risky_statements"]["statements"], list)
+    statements = target["hygiene"]["risky_statements"]
+    assert statements["error"] is None, statements
+    [hashed] = [s for s in statements["statements"] if "report_key" in s["statement"]]
+    assert hashed["rules"] == ["hashtext_key"], hashed
 
     down = write_config(tmp_path, {"targets": [{"name": "gone", "dsn": REFUSED_DSN}]}, "down.yaml")
     result = cli("check", "--format", "json", "--config.file", str(down))

@@ -11,7 +11,8 @@ reads it, whichever connected first: a later target's weaker grant, other option
 database never change what is read. The others read through it, connecting again every
 SAME_SERVER_RECHECK to check that they still reach it. Of the targets that read one running
 server, the first in rank answers for it (it carries the whole server's series): decided by
-the reading server once per collection, not at every scrape.
+the reading server once per collection (and for an answer that no collection carries: a
+late one, or one read through a server that has not read yet), not at every scrape.
 """
 
 from __future__ import annotations
@@ -83,11 +84,6 @@ class Directory(Generic[S]):
                 if not on:
                     del self._on[server]
 
-    def views(self, server: S) -> list[View]:
-        """The targets made on `server`, in rank order."""
-        with self._lock:
-            return sorted(self._on.get(server, ()), key=_rank)
-
     # -- servers -----------------------------------------------------------------------------
 
     def claim(self, server: S, identity: Hashable) -> S:
@@ -132,10 +128,6 @@ class Directory(Generic[S]):
                 if view.database is None or databases is None or view.database in databases
             ]
         return min(candidates, key=_rank, default=None)
-
-    def rank_of(self, server: S) -> Rank:
-        with self._lock:
-            return self._rank_locked(server)
 
     # -- with the lock held ------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from pg_advisory_exporter.metrics import Sample
 from .holds import Holds, HoldTracker
 from .poolers import PoolerView, owner
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot, counted_uses
+from .versions import ADVISORY_LOCK_WAITS
 from .vocabulary import (
     EXCLUSIVE,
     IDLE_STATES,
@@ -302,9 +303,10 @@ def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
         samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
     waits = snapshot.lock_waits
     if waits is not None:  # PostgreSQL 19 and later
+        counted, waited = ADVISORY_LOCK_WAITS.series
         samples += [
-            Sample("pg_advisory_server_lock_waits_total", (target,), waits.waits),
-            Sample("pg_advisory_server_lock_wait_seconds_total", (target,), waits.wait_seconds),
+            Sample(counted, (target,), waits.waits),
+            Sample(waited, (target,), waits.wait_seconds),
         ]
     return samples + _release_samples(target, snapshot)
 

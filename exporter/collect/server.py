@@ -322,6 +322,8 @@ class Server:
         """At each new connection: tell the directory which running server it reached; if a
         server first in rank reads that one, close it and read through that one (raises
         _ReadThrough)."""
+        # `is`, not ==: each new connection makes a new identity, so that a reconnect claims
+        # again (and a server reading through another checks again after SAME_SERVER_RECHECK).
         if identity is None or identity is self._claimed:
             return
         self._claimed = identity

@@ -44,7 +44,7 @@ class Target:
     collection names.
 
     A target is given its server (the daemon's for a configured target's address, the
-    auth module's for a discovered one's), or makes one of its own, in `directory`.
+    auth module's for a discovered one's), or makes one of its own.
     """
 
     def __init__(
@@ -57,7 +57,6 @@ class Target:
         server: Server | None = None,
         database: str | None = None,
         rank: tuple[int, ...] = (0,),
-        directory: Directory[Server] | None = None,
     ) -> None:
         self.name = config.name
         self.config = config
@@ -65,7 +64,7 @@ class Target:
         self._rank = rank
         self._owns_server = server is None
         if server is None:
-            server = Server(config, pool, watchdog, Directory() if directory is None else directory)
+            server = Server(config, pool, watchdog, Directory())
         self.server = server
         # Where the target's /locks page is, where the exporter knows its own URL: a series
         # for alert descriptions to link to, made once here rather than at every scrape.

@@ -113,7 +113,8 @@ def _contended(key: ContendedKey) -> dict[str, Any]:
 
 
 def forensics_json(forensics: Forensics) -> dict[str, Any]:
-    """The holders, waiters and contended keys, as /locks and `check --format json` give them."""
+    """The holders, waiters and contended keys, as /locks and `check --format json` give them
+    (/locks adds the risky statements; check gives its own in its hygiene section)."""
     names = {b.pid: b.series_name for b in forensics.backends}
     return {
         "read_at": words.unix_time(forensics.read_at),
@@ -125,7 +126,6 @@ def forensics_json(forensics: Forensics) -> dict[str, Any]:
         "contended_keys": [_contended(key) for key in forensics.contended],
         "blocking_chains": [_chain(root, names) for root in blocking_chains(forensics.waiters)],
         "poolers": [{"name": view.name, "error": view.error} for view in forensics.poolers],
-        "risky_statements": statements_json(forensics.statements),
     }
 
 
@@ -173,7 +173,10 @@ def parts(forensics: Forensics) -> tuple[str, str]:
     """The JSON document of /locks, compact, before and after its age_seconds."""
     fields = "".join(
         f",{_compact(name)}:{_json_value(value)}"
-        for name, value in forensics_json(forensics).items()
+        for name, value in (
+            *forensics_json(forensics).items(),
+            ("risky_statements", statements_json(forensics.statements)),
+        )
     )
     return '{"target":' + _compact(forensics.target) + ',"age_seconds":', fields + "}"
 
