@@ -19,7 +19,7 @@ from .collect.pg_stat_statements import StatementsRead, read_once
 from .collect.scheduling import Watchdog
 from .collect.series import KeyGroup, key_groups
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
-from .collect.vocabulary import format_age, format_held
+from .collect.vocabulary import NOTHING, format_age, format_held
 from .config.settings import Config, TargetSettings
 from .durations import format_duration
 from .forensics.model import Forensics
@@ -94,15 +94,15 @@ def _registered_keys(checked: Checked, out: TextIO) -> None:
     out.write(f"\n  Registered keys ({len(own)})\n")
     rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
     for key in own:
-        limit = format_duration(key.config.max_hold) if key.config.max_hold else "-"
+        limit = format_duration(key.config.max_hold) if key.config.max_hold else NOTHING
         found = [(datname, group) for (datname, name), group in groups.items() if name == key.name]
         for datname, group in found:
-            held_for = format_held(group.hold_max, True) if group.holders else "-"
+            held_for = format_held(group.hold_max, True) if group.holders else NOTHING
             rows.append(
                 (key.name, datname, str(group.holders), str(group.waiters), held_for, limit)
             )
         if not found:
-            rows.append((key.name, "-", "0", "0", "-", limit))
+            rows.append((key.name, NOTHING, "0", "0", NOTHING, limit))
     table(rows, out)
 
 
@@ -127,7 +127,7 @@ def _well_known_keys(checked: Checked, out: TextIO) -> None:
                     datname,
                     str(group.holders),
                     str(group.waiters),
-                    format_held(group.hold_max, True) if group.holders else "-",
+                    format_held(group.hold_max, True) if group.holders else NOTHING,
                     catalog.BY_NAME[name].library,
                 )
                 for datname, name, group in in_use

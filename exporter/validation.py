@@ -14,16 +14,22 @@ class ConfigError(Exception):
     """A configuration that cannot be used; the message names the source and the problem."""
 
 
-# A name repeated in a message beside its item's position: the names a file may give (a
-# target's, a pooler's, a key's), not whatever an invalid one holds (a megabyte, a newline).
-_SHOWN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}")
+# The names a file may give: a target's, a pooler's and an auth module's (a label value and
+# part of a URL), and a key's (a label value that may carry a library's own spelling, such
+# as "app:lock").
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+KEY_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$"
+# A name repeated in a message beside its item's position: one of those, not whatever an
+# invalid one holds (a megabyte, a newline).
+_SHOWN_NAMES = (re.compile(NAME_PATTERN), re.compile(KEY_NAME_PATTERN))
 
 
 def item_name(item: object) -> str | None:
     """The `name` of a list's item (a target, a pooler, a key), to say which it is beside
     its position; None where it has none, or one no valid name looks like."""
     name = item.get("name") if isinstance(item, Mapping) else None
-    return name if isinstance(name, str) and _SHOWN_NAME.fullmatch(name) else None
+    shown = isinstance(name, str) and any(p.fullmatch(name) for p in _SHOWN_NAMES)
+    return name if shown else None
 
 
 def step(path: str, part: int | str, name: str | None = None) -> str:

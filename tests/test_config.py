@@ -183,6 +183,17 @@ def test_a_name_no_target_could_have_is_never_repeated(
     assert "x" * 100 not in message
 
 
+def test_a_key_is_named_as_a_key_may_be_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key's name may do what a target's may not (start with "_", hold ":", run to 100
+    characters): the error names it all the same."""
+    name = "_app:leader" + "x" * 80
+    document = {"keys": [{"name": name, "key": 1, "oops": 1}], "targets": [ORDERS]}
+    path = write_config(tmp_path, document)
+    assert f"keys[0] ({name}).oops: unknown field" in _error(capsys, "--config.file", str(path))
+
+
 def test_malformed_dsn_is_named_without_its_password(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -260,12 +271,25 @@ def test_a_password_file_that_cannot_be_read_is_a_warning_not_an_error(
 
 def test_a_password_file_that_never_answers_is_not_waited_for(tmp_path: Path) -> None:
     """A FIFO with no writer: opened without blocking, it gives an empty password at once
-    (which the server then refuses) instead of holding the start or a connection."""
+    (which the server then refuses) instead of holding the start or a connection; one whose
+    writer has written nothing yet is refused with that reason, at once too."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     started = time.monotonic()
     assert password_file_problem(fifo) is None
     assert "password=''" in with_password("host=db", fifo)
+    assert time.monotonic() - started < 1
+    # With a writer that has written nothing yet: refused with the reason, at once.
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer open
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        why = f"password_file {fifo} has nothing to read yet"
+        assert password_file_problem(fifo) == why + " (a pipe, not a file)"
+        with pytest.raises(ValueError, match=re.escape(why)):
+            with_password("host=db", fifo)
+    finally:
+        os.close(writer)
+        os.close(reader)
     assert time.monotonic() - started < 1
 
 

@@ -6,6 +6,7 @@ from .rule_writer import AGE, APP, COUNT, HOLDER, VALUE, WHERE, Rule, RuleWriter
 
 
 def leaks_and_waits(w: RuleWriter) -> list[Rule]:
+    """A holder idle with its locks (a leak), a long wait, waiters piling up."""
     v = w.v
     return [
         w.alert(
@@ -45,6 +46,7 @@ def leaks_and_waits(w: RuleWriter) -> list[Rule]:
 
 
 def deadlocks(w: RuleWriter) -> Rule:
+    """Deadlocks the server counted, per database."""
     v = w.v
     return w.alert(
         "PgAdvisoryDeadlocks",

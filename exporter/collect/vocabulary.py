@@ -17,6 +17,7 @@ EXCLUSIVE, SHARE = MODES[EXCLUSIVE_LOCK], MODES[SHARE_LOCK]
 # What privileges hide (without pg_read_all_stats): the state of a backend inside a
 # transaction, where it could be in any state, and the time it has been in it.
 UNKNOWN = "unknown"
+NOTHING = "-"  # where a value is missing, hidden or empty
 # The states of a backend that finished its work: a lock it still holds may be leaked.
 IDLE_STATES = frozenset({"idle", "idle_in_transaction", "idle_in_transaction_aborted"})
 
@@ -78,5 +79,5 @@ def format_held(seconds: float | None, at_least: bool) -> str:
     """How long a lock has been held (collect/holds.py), "at least" where the exporter did
     not see the hold begin."""
     if seconds is None:
-        return "-"
+        return NOTHING
     return ("at least " if at_least else "") + format_age(seconds)

@@ -116,6 +116,8 @@ def _read_password_file(path: Path) -> str:
             data = file.read(MAX_PASSWORD_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"cannot read password_file {path}: {exc.strerror}") from None
+    if data is None:  # a pipe whose writer has written nothing yet: no wait for it
+        raise ValueError(f"password_file {path} has nothing to read yet (a pipe, not a file)")
     if len(data) > MAX_PASSWORD_BYTES:
         raise ValueError(
             f"password_file {path} is larger than {MAX_PASSWORD_BYTES // 1024} KiB: not a "

@@ -18,12 +18,11 @@ from pydantic import Field, field_validator
 from pg_advisory_exporter.keys.catalog import CatalogChoice
 from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.keys.registry import check_configs
-from pg_advisory_exporter.validation import Strict, step
+from pg_advisory_exporter.validation import NAME_PATTERN, Strict, step
 
 from .collection import CollectionSettings
 from .exporter_settings import LogConfig, ShardConfig, WebConfig
 from .targets import (
-    NAME_PATTERN,
     AuthModuleConfig,
     DiscoveredTargetsSettings,
     LocksPageSettings,

@@ -14,15 +14,13 @@ from pg_advisory_exporter.durations import PARSE_DURATION, duration_within
 from pg_advisory_exporter.fleet.discovery import DBNAME_PATTERN, parse_allowed
 from pg_advisory_exporter.keys.catalog import CatalogChoice
 from pg_advisory_exporter.keys.key_config import KeyConfig
-from pg_advisory_exporter.validation import Strict
+from pg_advisory_exporter.validation import NAME_PATTERN, Strict
 
 from .collection import CollectionSettings, Interval
 from .dsn import Dsn, check_password_source, with_password
 
 DEFAULT_TARGET = "default"  # the name of the target that --dsn alone makes
 
-# A target's, a pooler's and an auth module's name: safe as a label value and in a URL.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 _HOST_NAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
 )

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
-from pg_advisory_exporter.collect.vocabulary import format_age, format_held
+from pg_advisory_exporter.collect.vocabulary import NOTHING, format_age, format_held
 
 from . import words
 from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, held_per_group, split_held
@@ -256,7 +256,7 @@ def _contended_table(forensics: Forensics) -> str:
             _e(key.datname),
             f"<code>{_e(key.key)}</code>",
             _e(key.key_name),
-            _e(", ".join(f"{pid} ({mode})" for pid, mode in key.holders) or "-"),
+            _e(", ".join(f"{pid} ({mode})" for pid, mode in key.holders) or NOTHING),
             _e(", ".join(f"{pid} ({mode})" for pid, mode in key.waiters)),
         ]
         for key in forensics.contended

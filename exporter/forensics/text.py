@@ -7,7 +7,7 @@ from typing import TextIO
 
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.snapshot import grant_read_all_stats
-from pg_advisory_exporter.collect.vocabulary import format_age, format_held
+from pg_advisory_exporter.collect.vocabulary import NOTHING, format_age, format_held
 
 from . import words
 from .model import LEAK_AFTER, Backend, Forensics
@@ -120,7 +120,7 @@ def _contended(forensics: Forensics, out: TextIO) -> None:
                 str(key.key),
                 words.blank(key.key_name),
                 key.datname,
-                ",".join(f"{pid}:{mode}" for pid, mode in key.holders) or "-",
+                ",".join(f"{pid}:{mode}" for pid, mode in key.holders) or NOTHING,
                 ",".join(f"{pid}:{mode}" for pid, mode in key.waiters),
             )
             for key in forensics.contended

@@ -6,11 +6,10 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 from pg_advisory_exporter.collect.pg_stat_statements import RiskyStatement, StatementsRead
+from pg_advisory_exporter.collect.vocabulary import NOTHING
 from pg_advisory_exporter.hygiene.risky import SAFE_FORM, WHAT, Rule
 
 from .model import Backend
-
-NOTHING = "-"  # where a value is missing, hidden or empty
 
 
 def blank(value: object) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from pg_advisory_exporter.durations import Duration
-from pg_advisory_exporter.validation import Strict
+from pg_advisory_exporter.validation import KEY_NAME_PATTERN, Strict
 
 from .derive import DIGESTS, HASHES, SERVER_HASHES, ByteOrder, Form, Hash, forms_of, template_error
 from .key import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
@@ -20,7 +20,7 @@ Level = Literal["session", "transaction"]
 class KeyConfig(Strict):
     """One registered key: its name and exactly one of key, pair, namespace or text."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
+    name: str = Field(pattern=KEY_NAME_PATTERN)
     key: Int64 | None = None
     pair: tuple[Int32, Int32] | None = None
     namespace: Int32 | None = None

@@ -43,12 +43,6 @@ class RegisteredKey:
     def name(self) -> str:
         return self.config.name
 
-    def overlaps(self, other: RegisteredKey) -> bool:
-        """Whether some lock would match both entries."""
-        if (self.objsubid, self.classid) != (other.objsubid, other.classid):
-            return False
-        return self.objid is None or other.objid is None or self.objid == other.objid
-
 
 def _key(config: KeyConfig, parts: Sequence[int]) -> RegisteredKey:
     """The entry for the key these parts make in its form."""
