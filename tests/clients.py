@@ -270,6 +270,22 @@ def blocked(pg: EmbeddedPostgres, database: str, application_name: str) -> None:
         )
 
 
+def blocked_by(pg: EmbeddedPostgres, database: str, pid: int) -> None:
+    """Wait until a backend in `database` waits for a lock that backend `pid` holds: a tool's
+    migration has reached the row the test locked, the state it stays in until the test lets
+    go (the moments before it, a tool's own queries and transactions, are not)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = %s AND %s = ANY (pg_blocking_pids(pid))"
+    )
+    with pg.connect() as admin:
+        wait_until(
+            lambda: admin.execute(query, (database, pid)).fetchone() != (0,),
+            WAIT,
+            f"a backend in {database} waiting behind backend {pid}",
+        )
+
+
 def advisory_locks(pg: EmbeddedPostgres, database: str) -> list[tuple[Any, ...]]:
     """The advisory locks in `database`, as pg_locks has them."""
     with pg.connect() as admin:
@@ -550,7 +566,10 @@ def pgqueuer_takes_its_locks(
         with in_transaction(pg, database, other, "other-upgrade"):
             client = start_client("pgq upgrade", [pgq, "upgrade"], env)
             waiter = upgrade.awaited(client)
-        check_level(upgrade.held(client), "session", waiter)
+        # Its session lock once its wait ended: until the statement that waited is done, the
+    # backend still shows that statement's transaction (check_level's session case).
+    holder = upgrade.held(client, lambda row: row["xact_start"] != waiter["xact_start"])
+    check_level(holder, "session", waiter)
     assert "Applied 1 statement" in client.finish()
     upgrade.gone()
 

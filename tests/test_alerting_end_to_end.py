@@ -384,9 +384,11 @@ def test_a_long_rails_migration_pages_as_stuck_and_never_as_a_leak(
     assert {a["labels"]["alertname"] for a in webhook.alerts} == {"PgAdvisoryMigrationLockStuck"}
 
 
+# Short statements until the test says stop (a row in `stop`), at most a minute of them: the
+# migration runs until the page has come, however long that takes on a busy machine.
 NODE_MIGRATION_OF_SHORT_STATEMENTS = """
 exports.up = (pgm) => {
-  for (let i = 0; i < 150; i++) pgm.sql("SELECT pg_sleep(0.1)");
+  for (let i = 0; i < 600; i++) pgm.sql("SELECT pg_sleep(0.1) WHERE NOT EXISTS (SELECT FROM stop)");
 };
 """
 
@@ -404,12 +406,14 @@ def test_a_migration_of_short_statements_held_past_the_threshold_pages(
     tmp_path: Path,
     cli: Cli,
 ) -> None:
-    """node-pg-migrate holds its lock on the migrating connection through 150 statements of
-    0.1s: its time in any state never reaches a second, its hold time passes 3s."""
+    """node-pg-migrate holds its lock on the migrating connection through statements of 0.1s:
+    its time in any state never reaches a second, its hold time passes 3s."""
     exporter = start_exporter(config=one_target(monitor_dsn, name="orders"))
     rules = _migration_rules(cli, tmp_path, "3s")
     prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
     database = fresh_database(pg, "shipping")
+    with pg.connect(database) as conn:
+        conn.execute("CREATE TABLE stop ()")
     (tmp_path / "migrations").mkdir()
     (tmp_path / "migrations" / "1700000000000_many-statements.js").write_text(
         NODE_MIGRATION_OF_SHORT_STATEMENTS
@@ -420,6 +424,8 @@ def test_a_migration_of_short_statements_held_past_the_threshold_pages(
     )
     stuck = webhook.wait_for("PgAdvisoryMigrationLockStuck", "firing")
     assert migrate.running(), "it paged only once the migration had ended"
+    with pg.connect(database) as conn:
+        conn.execute("INSERT INTO stop DEFAULT VALUES")
     migrate.finish()
     assert (stuck["labels"]["key"], stuck["labels"]["datname"]) == ("node_pg_migrate", database)
     assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []

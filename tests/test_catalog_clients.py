@@ -30,6 +30,7 @@ from clients import (
     Watch,
     advisory_locks,
     blocked,
+    blocked_by,
     check_level,
     client_environment,
     database_url,
@@ -65,10 +66,11 @@ def _migrates(
     settled: Callable[[Row], bool] = lambda row: True,
 ) -> tuple[Row, str]:
     """The tool that `start` starts migrates while the blocker row is locked: its lock is
-    named while it waits for the row, and gone once it has finished. Its /locks row while it
-    held the lock (once `settled`), and its output."""
-    with row_locked(pg, watch.datname):
+    named while its migration waits for the row, and gone once it has finished. Its /locks
+    row while it held the lock and waited (once `settled`), and its output."""
+    with row_locked(pg, watch.datname) as row_holder:
         tool = start()
+        blocked_by(pg, watch.datname, row_holder.info.backend_pid)
         holder = watch.held(tool, settled)
     output = tool.finish()
     watch.gone()
@@ -127,16 +129,19 @@ def test_sqitch_deploy_lock(
         "SQITCH_EMAIL": "catalog@example.com",
     }
     target = f"db:pg://postgres@127.0.0.1:{pg.port}/{database}"
+    # Sqitch takes its session lock outside a transaction (pg_try_advisory_lock), then, on the
+    # same connection, opens its registry transaction (LOCK TABLE changes) before psql runs
+    # the change (App::Sqitch::Engine deploy_change: begin_work, then run_deploy): while the
+    # change waits for the row, its lock's connection is idle in that transaction, where
+    # nobody can tell a session lock from a transaction one, and the page does not claim it.
     holder, output = _migrates(
         Watch(exporter, "sqitch", database),
         pg,
         lambda: start_client("sqitch", [sqitch, "deploy", target], env),
-        # Sqitch reads its registry in transactions on its lock's connection before it starts
-        # psql on the change; then that connection waits, idle outside a transaction.
-        lambda row: row["state"] == "idle",
     )
     assert "+ touch_blocker .. ok" in output
-    check_level(holder, "session")
+    assert holder["state"] == "idle_in_transaction", holder
+    assert holder["session_level"] is False, holder
 
 
 NODE_MIGRATION = """
@@ -159,7 +164,8 @@ def test_node_pg_migrate_lock(
     env = {**client_environment(pg), "DATABASE_URL": database_url(pg, database)}
     command: list[str | Path] = [npm_clients / ".bin" / "node-pg-migrate", "up", "-m", "migrations"]
     # Its try-lock cannot be made to wait, and the migration runs in a transaction on the
-    # connection that holds it: the name, not the level, is what this shows.
+    # connection that holds it (waiting for the row: active): the name, not the level, is
+    # what this shows.
     holder, output = _migrates(
         Watch(exporter, "node_pg_migrate", database),
         pg,
@@ -248,7 +254,12 @@ def test_kysely_migration_lock(
         with in_transaction(pg, database, other, "other-migrator"):
             kysely = start_client(package, command, client_environment(pg, database))
             waiter = watch.awaited(kysely)
-        holder = watch.held(kysely)
+        # A session lock once the statement that waited for it is done: until then the
+        # backend still shows that statement's transaction. A transaction lock stays in it.
+        holder = watch.held(
+            kysely,
+            lambda row: level == "transaction" or row["xact_start"] != waiter["xact_start"],
+        )
     assert waiter["application_name"] == holder["application_name"] == "kysely-migrator"
     check_level(holder, level, waiter)
     assert "0001_touch_blocker: Success" in kysely.finish()

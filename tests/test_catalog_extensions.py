@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from clients import (
+    WAIT,
     Level,
     StartClient,
     Watch,
@@ -29,7 +30,15 @@ from clients import (
     lock_of,
     locks_config,
 )
-from support import PG_MAJOR, Connection, RunningExporter, Session, StartExporter, block_on
+from support import (
+    PG_MAJOR,
+    Connection,
+    RunningExporter,
+    Session,
+    StartExporter,
+    block_on,
+    wait_until,
+)
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.keys.catalog import BY_NAME
@@ -94,7 +103,16 @@ def test_pg_repack_holds_its_table_lock_while_it_waits_for_older_transactions(
     with in_transaction(pg, database, "SELECT 1", "long-report"):  # older than its copy
         command: list[str | Path] = [pg_repack, "--dbname", database, "--table", "orders"]
         repack = start_client("pg_repack", command, client_environment(pg, database))
-        holder = watch.held(repack)
+        # Its wait for the older transaction, the state it stays in until the test lets go:
+        # its setup before (a copy and an index, in transactions of their own) is a moment,
+        # and it looks at the older transactions once a second, each look a moment of its
+        # own (active): the row is read in between.
+        wait_until(
+            lambda: repack.said("Waiting for 1 transactions to finish"),
+            WAIT,
+            "pg_repack waiting for the older transaction",
+        )
+        holder = watch.held(repack, lambda row: (row["state"], row["xact_start"]) == ("idle", None))
     assert holder["application_name"] == "pg_repack"
     assert (holder["state"], holder["xact_start"]) == ("idle", None)
     check_level(holder, "session")

@@ -360,7 +360,7 @@ def test_every_query_returns_series_from_a_real_prometheus(
     )  # fmt: skip
     with seed_scenarios(session):
         exporter.scrape_until(lambda s: sum(v for _, v in s.find("pg_advisory_waiters")) == 1)
-        every_event(pg.dsn())
+        every_event(pg.dsn(), pg.logfile)
         exporter.scrape_until(lambda s: bool(s.find("pg_advisory_log_lock_wait_seconds_total")))
         prometheus = _start_prometheus(start_service, tmp_path, exporter)
         prometheus.wait_for_samples(5)

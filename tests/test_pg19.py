@@ -36,6 +36,20 @@ def _settled(exporter: RunningExporter) -> tuple[float, float]:
     return _counted(exporter.scrape())
 
 
+def _stable(exporter: RunningExporter) -> tuple[float, float]:
+    """The counts once they stop changing: two reads 1.1s apart that agree (a backend that
+    lost a race to flush tries again after up to 10s, PGSTAT_IDLE_INTERVAL)."""
+    deadline = time.monotonic() + 30
+    last = _counted(exporter.scrape())
+    while True:
+        time.sleep(1.1)
+        now = _counted(exporter.scrape())
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, f"the server's counts never settled: {now}"
+        last = now
+
+
 def test_the_server_counts_a_granted_wait_and_not_one_given_up(
     start_exporter: StartExporter,
     one_target: OneTarget,
@@ -50,8 +64,8 @@ def test_the_server_counts_a_granted_wait_and_not_one_given_up(
         assert first.find(WAITS) == first.find(WAITED) == []
         return
     # The counts are the whole server's, and earlier tests' backends report theirs late: the
-    # baseline is read once they have (past the stats flush interval and min_interval).
-    before = _settled(exporter)
+    # baseline is read once they have (they no longer change).
+    before = _stable(exporter)
     holder = session("holder")
     holder.execute("SELECT pg_advisory_lock(4242)")
 
