@@ -47,9 +47,11 @@ from benchmarks import positive
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
 from pg_advisory_exporter.collect.capacity import lock_table_capacity
 from pg_advisory_exporter.collect.connection import resolve_registry
+from pg_advisory_exporter.collect.databases import read_databases
 from pg_advisory_exporter.collect.holds import HoldTracker
 from pg_advisory_exporter.collect.snapshot import collect_sql, read_snapshot
-from pg_advisory_exporter.forensics.read import FORENSICS_SQL, LOCKS_PER_BACKEND, MAX_BACKENDS
+from pg_advisory_exporter.config.targets import LocksPageSettings
+from pg_advisory_exporter.forensics.read import FORENSICS_SQL, parameters
 from pg_advisory_exporter.keys import catalog
 from pg_advisory_exporter.keys.catalog_entry import CatalogEntry
 from pg_advisory_exporter.keys.key_config import KeyConfig
@@ -199,38 +201,41 @@ class Configuration:
 
 
 def configurations(conn: Connection) -> list[Configuration]:
+    databases = read_databases(conn)
+    # The collection statement reads the deadlocks of the databases the exporter lists.
+    listed = {"databases": list(databases.worked_in)}
+
     def resolve(configs: list[KeyConfig], entries: Sequence[CatalogEntry] = ()) -> Registry:
-        return resolve_registry(conn, configs, entries, progress)[0]
+        return resolve_registry(conn, configs, entries, progress, databases)[0]
 
     default = resolve([], catalog.DEFAULTS)
     with_registry = resolve(USER_REGISTRY, catalog.DEFAULTS)
     version = conn.info.server_version
     return [
-        Configuration(COLLECTION_LABEL, 0, collect_sql(version)),
+        Configuration(COLLECTION_LABEL, 0, collect_sql(version), listed),
         Configuration(
             f"{len(BENCH_REGISTRY)}-key registry",
             len(BENCH_REGISTRY),
             collect_sql(version, resolve(BENCH_REGISTRY)),
+            listed,
         ),
         Configuration(
             FORENSICS_LABEL,
             0,
             FORENSICS_SQL,
-            {
-                "locks_per_backend": LOCKS_PER_BACKEND,
-                "max_backends": MAX_BACKENDS,
-                "query_text_length": 0,
-            },
+            parameters(LocksPageSettings()),
         ),
         Configuration(
             f"default catalog ({len(default.keys)})",
             len(default.keys),
             collect_sql(version, default),
+            listed,
         ),
         Configuration(
             f"default catalog ({len(default.keys)}) + {len(USER_REGISTRY)}-key registry",
             len(with_registry.keys),
             collect_sql(version, with_registry),
+            listed,
         ),
     ]
 
@@ -280,8 +285,9 @@ def time_hold_tracking(conn: Connection, repeat: int) -> list[float]:
     """How long the exporter takes to track the holds of one collection (collect/holds.py),
     with the default catalog and the 10-key registry, `repeat` times on one snapshot: every
     hold known from the second on, as between the collections of a steady server."""
-    registry = resolve_registry(conn, USER_REGISTRY, catalog.DEFAULTS, progress)[0]
-    snapshot = read_snapshot(conn, registry)
+    databases = read_databases(conn)
+    registry = resolve_registry(conn, USER_REGISTRY, catalog.DEFAULTS, progress, databases)[0]
+    snapshot = read_snapshot(conn, registry, databases)
     tracker = HoldTracker()
     found: list[float] = []
     for _ in range(WARMUP_ROUNDS + repeat):

@@ -96,7 +96,7 @@ DISTINCT_SERVERS = "benchmarks.fleet_exporter"
 # The roles the exporters connect as: the second has its every statement logged.
 MONITOR = "fleet_monitor"
 LOGGED_MONITOR = "fleet_monitor_logged"
-COLLECTION = "FROM pg_catalog.pg_locks"  # in the collection's statement only
+COLLECTION = "WITH lock_groups AS ("  # the collection statement's first CTE, and only its
 # Refusing targets' addresses: 127.0.X.Y with X from 0 and Y from 2 to 251.
 ADDRESSES_PER_BLOCK = 250
 MAX_REFUSING = 256 * ADDRESSES_PER_BLOCK

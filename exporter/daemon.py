@@ -170,7 +170,7 @@ class Daemon:
                 answers[name] = kept[1]
             else:
                 answers[name] = on_demand(
-                    target.config, self._watchdog, target.statements, target.holds
+                    target.config, target.server, self._watchdog, target.statements, target.holds
                 )
         return answers
 

@@ -86,6 +86,21 @@ SPECS = {
             "The most lock table entries (all lock types) held by one backend.",
         ),
         MetricSpec(
+            "pg_advisory_lock_table_full",
+            "gauge",
+            ("target",),
+            "1 when the shared lock table is full: less room than max_locks_per_transaction, "
+            "as many entries as when the server last refused the exporter one, or the server "
+            "refusing the exporter's read or connection for it; else 0 (absent on other errors).",
+        ),
+        MetricSpec(
+            "pg_advisory_lock_table_top_application_entries",
+            "gauge",
+            _GROUP,
+            "The lock table entries (all lock types) held by the application whose backends "
+            "hold the most, in one database: who fills the table, whatever it locks.",
+        ),
+        MetricSpec(
             "pg_advisory_max_locks_per_transaction",
             "gauge",
             ("target",),

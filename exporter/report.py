@@ -308,7 +308,7 @@ def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
         # A one-shot command reads pg_locks twice: the collection's statement for the lock
         # table and the registry's keys, the forensics statement for who holds and awaits
         # what. The daemon never does both at once.
-        snapshot = read_snapshot(session.conn, session.registry)
+        snapshot = read_snapshot(session.conn, session.registry, session.databases)
         snapshots.append(snapshot)
         # One look and no history: each lock is held at least since its holder went idle.
         holds.append(HoldTracker().update(snapshot, session.registry))

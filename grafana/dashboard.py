@@ -252,6 +252,7 @@ def _overview() -> list[PanelBuilder]:
             ),
             (1, "red"),
             no_value="0",
+            width=3,
         ),
         _stat(
             "Stranded session locks",
@@ -268,6 +269,7 @@ def _overview() -> list[PanelBuilder]:
             Query(f"sum({sel('pg_advisory_pooled_session_locks')})", "stranded"),
             (1, "red"),
             no_value="0",
+            width=3,
         ),
         _stat(
             "Waiters",
@@ -303,6 +305,20 @@ def _overview() -> list[PanelBuilder]:
             ),
             (ALERTS.lock_table_warning, "orange"),
             (ALERTS.lock_table_critical, "red"),
+            width=3,
+        ),
+        _stat(
+            "Lock tables full",
+            "Servers whose shared lock table is full now: its entries at its capacity or past "
+            "it, or the server refusing the exporter's read because it is. No session there can "
+            "take a lock it does not hold yet, and no new connection can start. PgLockTableFull "
+            "pages; Busiest backend below names the application holding the most entries, "
+            "the target's locks page its backends.",
+            "short",
+            Query(f"sum({sel('pg_advisory_lock_table_full')})", "full"),
+            (1, "red"),
+            no_value="0",
+            width=3,
         ),
     ]
 
@@ -520,8 +536,9 @@ def _lock_table() -> list[PanelBuilder]:
         ),
         _timeseries(
             "Busiest backend against max_locks_per_transaction",
-            "The most lock table entries one backend holds, and the most advisory locks one "
-            "backend of each application holds, against max_locks_per_transaction, the average "
+            "The most lock table entries one backend holds, the application holding the most of "
+            "them (all its backends), and the most advisory locks one backend of each "
+            "application holds, against max_locks_per_transaction, the average "
             "budget of a backend. An application above it raises "
             "PgAdvisoryBackendOverLockBudget: lock per batch, not per row.",
             "short",
@@ -529,6 +546,10 @@ def _lock_table() -> list[PanelBuilder]:
                 Query(
                     sel("pg_advisory_lock_table_backend_entries_max"),
                     "busiest backend on {{target}}, all lock types",
+                ),
+                Query(
+                    sel("pg_advisory_lock_table_top_application_entries"),
+                    "the most, all lock types: {{application_name}} in {{datname}} on {{target}}",
                 ),
                 Query(
                     f"max by ({GROUP}) ({sel('pg_advisory_backend_locks_max')})",

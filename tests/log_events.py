@@ -121,9 +121,7 @@ def advisory_deadlock(dsn: str, log: Path, application_name: str = DEADLOCKER) -
     assert len(failures) == 1, f"one victim, not {failures}"
 
 
-def ended_wait(
-    dsn: str, log: Path, key: int = WAITED_KEY, application_name: str = WAITER
-) -> None:
+def ended_wait(dsn: str, log: Path, key: int = WAITED_KEY, application_name: str = WAITER) -> None:
     """A session waits for `key` past deadlock_timeout (the server logs it), then gets it."""
     with _connect(dsn, "holder") as holder, _connect(dsn, application_name) as waiter:
         holder.execute("SELECT pg_advisory_lock(%s)", (key,))

@@ -169,10 +169,16 @@ def databases_on(pg: EmbeddedPostgres, names: list[str]) -> Iterator[list[str]]:
 
 
 # What the server's statement log shows of each read (the suite's server logs every statement
-# of the role `monitor`): the collection's statement is the only one that reads pg_locks so,
-# and the /locks page's is the only one with this CTE.
-COLLECTION_READ = "FROM pg_catalog.pg_locks"
+# of the role `monitor`): the collection's statement is the only one with its first CTE, and
+# the /locks page's the only one with this one (each reads pg_locks once, in that CTE).
+COLLECTION_READ = "WITH lock_groups AS ("
 FORENSICS_READ = "forensic_locks AS MATERIALIZED"
+
+
+def report_section(report: str, heading: str) -> str:
+    """The section of a `check` text report that begins with `heading` (an indented title,
+    "Holders (" say), up to the blank line that ends it."""
+    return report[report.index(f"  {heading}") :].split("\n\n", maxsplit=1)[0]
 
 
 class LoggedReads:

@@ -21,6 +21,7 @@ CONTRACT_ALERTS = {
     "PgAdvisoryLockLeaked",
     "PgAdvisoryLockWaitTooLong",
     "PgAdvisoryLockWaitersPiling",
+    "PgLockTableFull",
     "PgLockTableNearlyFull",
     "PgLockTableExhaustionForecast",
     "PgAdvisoryBackendOverLockBudget",

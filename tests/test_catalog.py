@@ -26,7 +26,7 @@ from support import (
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.cli import main
-from pg_advisory_exporter.collect.connection import DATABASES_SQL
+from pg_advisory_exporter.collect.databases import DATABASES_SQL
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.model import FileConfig
 from pg_advisory_exporter.keys import catalog
@@ -427,7 +427,7 @@ def test_every_entry_is_named_when_its_library_holds_it(
     assert re.search(r"'rails-migration'.*\brails_migration\b", report)
 
 
-def test_a_new_database_is_named_at_the_next_collection_on_the_same_connection(
+def test_a_new_database_is_named_at_the_first_collection_on_the_same_connection(
     pg: EmbeddedPostgres, exporter: RunningExporter
 ) -> None:
     assert exporter.scrape().value("pg_advisory_up", target="main") == 1
@@ -448,11 +448,10 @@ def test_a_new_database_is_named_at_the_next_collection_on_the_same_connection(
     finally:
         with pg.connect() as conn:
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    # The collection that saw the database, then one more: the list of databases was read
-    # once more, on the connection the exporter had, and pg_locks once per collection.
-    assert scrapes == 2
-    assert lists.count() == 1
-    assert collections.count() == scrapes
+    # The first collection since: the list of databases is read before pg_locks, once per
+    # collection, on the connection the exporter had.
+    assert scrapes == 1
+    assert lists.count() == collections.count() == scrapes
     assert exporter.log().count("msg=connected") == 1
 
 

@@ -288,7 +288,7 @@ class FreezingProxy:
 
 
 def test_check_gives_up_on_a_hung_proxy(pg: EmbeddedPostgres, monitor_dsn: str, cli: Cli) -> None:
-    proxy = FreezingProxy(pg.port, trigger=b"pg_locks")
+    proxy = FreezingProxy(pg.port, trigger=b"pg_lock_status")
     dsn = monitor_dsn.replace(f"port={pg.port}", f"port={proxy.port}")
     try:
         started = time.monotonic()

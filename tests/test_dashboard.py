@@ -35,7 +35,7 @@ from support import (
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from grafana import dashboard
-from pg_advisory_exporter.collect.versions import READS
+from pg_advisory_exporter.collect.reads import READS
 from pg_advisory_exporter.metrics import SPECS
 
 ROOT = Path(__file__).parent.parent
@@ -318,7 +318,7 @@ def _empty_queries(prometheus: Prometheus, dashboard: Dashboard) -> list[str]:
         for panel in panels(dashboard)
         for target in panel["targets"]
     ]
-    # What only a newer server has is absent here (collect/versions.py; tests/test_pg19.py).
+    # What only a newer server has is absent here (collect/reads.py; tests/test_pg19.py).
     newer = [name for read in READS if read.since > PG_MAJOR * 10000 for name in read.series]
     empty = []
     for where, query, run in checks:

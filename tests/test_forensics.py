@@ -17,6 +17,7 @@ import pytest
 from support import BACKEND_START, Clock, forensic_backend
 
 from pg_advisory_exporter.collect.connection import Unanswered
+from pg_advisory_exporter.collect.databases import Databases
 from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
 from pg_advisory_exporter.forensics.answers import Answer, OnDemand
 from pg_advisory_exporter.forensics.blocking import assemble, conflicts
@@ -30,6 +31,7 @@ from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.keys.registry import Registry
 
 DATABASE = 5  # the oid of "app"
+APP = Databases({DATABASE: "app"})
 
 
 def _key(value: int) -> AdvisoryKey:
@@ -168,7 +170,7 @@ def _row(pid: int, locks: Sequence[Sequence[Any]], **fields: Any) -> dict[str, A
         "lock_entries": len(locks),
         "backends_total": 1,
         "locks": [list(lock) for lock in locks],
-        "datname": "app",
+        "datid": DATABASE,
         "application_name": "billing-worker",
         "outside_transaction": True,
         "client_addr": "10.0.0.7",
@@ -201,7 +203,7 @@ def test_rows_are_mapped_with_key_names_levels_and_poolers() -> None:
     views = [
         PoolerView("pgbouncer", networks=(ip_network("10.0.0.0/24"),), pool_mode="transaction")
     ]
-    backend = backend_from_row(row, _registry(), views)
+    backend = backend_from_row(row, _registry(), views, databases=APP)
     assert backend.awaited is not None
     assert backend.awaited.key == _key(75474063)
     assert (backend.awaited.key_name, backend.awaited.catalog) == ("sqitch", True)
@@ -220,10 +222,15 @@ def test_rows_are_mapped_with_key_names_levels_and_poolers() -> None:
     assert backend.pooled == PooledBackend("pgbouncer", "", "transaction")
     assert not backend.stranded
     assert (backend.state_word, backend.level) == ("idle_in_transaction", "session or transaction")
-    idle = backend_from_row({**row, "state": "idle"}, _registry(), views)
+    idle = backend_from_row({**row, "state": "idle"}, _registry(), views, databases=APP)
     assert idle.session_level
     assert idle.stranded
-    assert backend_from_row({**row, "client_addr": "10.0.1.7"}, _registry(), views).pooled is None
+    assert (
+        backend_from_row(
+            {**row, "client_addr": "10.0.1.7"}, _registry(), views, databases=APP
+        ).pooled
+        is None
+    )
 
 
 def test_caps_say_what_they_left_out() -> None:

@@ -11,6 +11,7 @@ from support import PG_MAJOR
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.connection import prepare_session
+from pg_advisory_exporter.collect.databases import read_databases
 from pg_advisory_exporter.collect.snapshot import collect_sql
 from pg_advisory_exporter.config.collection import CollectionSettings
 
@@ -36,7 +37,8 @@ def crowded() -> Iterator[EmbeddedPostgres]:
 
 def _temporary_blocks(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     statement = collect_sql(conn.info.server_version)
-    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement).fetchall()
+    listed = {"databases": list(read_databases(conn).worked_in)}
+    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, listed).fetchall()
     return sum(
         int(n)
         for (line,) in plan

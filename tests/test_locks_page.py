@@ -36,11 +36,12 @@ from support import (
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
+from pg_advisory_exporter.config.targets import LocksPageSettings
 from pg_advisory_exporter.forensics.read import (
     FORENSICS_SQL,
     FORENSICS_WITH_QUERY_SQL,
     LOCKS_PER_BACKEND,
-    MAX_BACKENDS,
+    parameters,
 )
 from pg_advisory_exporter.http.app import LOCKS_AT_ONCE
 
@@ -513,10 +514,9 @@ def _function_scans(plan: dict[str, Any], name: str) -> int:
 def test_the_statement_reads_pg_locks_once(pg: EmbeddedPostgres, sql: str) -> None:
     # pg_locks is pg_lock_status(): each scan of it copies the whole lock table under every
     # lock-manager partition lock. The plan must scan it once, however the CTE is used.
-    parameters = {"locks_per_backend": LOCKS_PER_BACKEND, "max_backends": MAX_BACKENDS,
-                  "query_text_length": 10}  # fmt: skip
+    given = parameters(LocksPageSettings(query_text=True, query_text_length=10))
     with pg.connect() as conn:
-        row = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", parameters).fetchone()
+        row = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}", given).fetchone()
     assert row is not None
     assert _function_scans(row[0][0]["Plan"], "pg_lock_status") == 1
 

@@ -17,6 +17,7 @@ from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.collect import snapshot
+from pg_advisory_exporter.collect.databases import read_databases
 from pg_advisory_exporter.collect.snapshot import grant_read_all_stats, read_snapshot
 from pg_advisory_exporter.config.exporter_settings import WebConfig
 from pg_advisory_exporter.config.loader import load
@@ -134,6 +135,6 @@ def test_deadlocks_are_counted_for_databases_but_not_templates(
 ) -> None:
     conn: psycopg.Connection[Any]
     with psycopg.connect(monitor_dsn, autocommit=True) as conn:
-        deadlocks = read_snapshot(conn).deadlocks
+        deadlocks = read_snapshot(conn, databases=read_databases(conn)).deadlocks
     assert {"postgres", "billing"} <= deadlocks.keys()
     assert not {"template0", "template1", user_template} & deadlocks.keys()

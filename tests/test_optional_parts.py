@@ -17,9 +17,8 @@ from fake_console import FLOAT8, INT4, TEXT, Column, FakeConsole
 from support import SilentServer, StartExporter, load_config
 
 from devtools.embedded_postgres import EmbeddedPostgres
-from pg_advisory_exporter.collect.poolers import Poolers
+from pg_advisory_exporter.collect.poolers import POOLER_WAIT, Poolers
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
-from pg_advisory_exporter.collect.server import POOLER_WAIT
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.model import DEFAULT_PARALLEL_COLLECTIONS
 from pg_advisory_exporter.fleet import resolver

@@ -1,4 +1,4 @@
-"""What the server's version adds to the collection (collect/versions.py), on a real server of
+"""What the server's version adds to the collection (collect/reads.py), on a real server of
 each version: PostgreSQL 19 counts advisory lock waits itself (pg_stat_lock), older servers are
 never asked for it."""
 

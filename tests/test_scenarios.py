@@ -14,6 +14,7 @@ from support import (
     Session,
     StartExporter,
     exporter_sessions,
+    report_section,
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres
@@ -136,10 +137,10 @@ def test_negative_bigint_and_int_pair_keys_are_counted_and_reported(
     assert scrape.value("pg_advisory_locks", **_labels("odd-keys-pair"), mode="exclusive") == 1
 
     report = cli("check", "--dsn", monitor_dsn, check=True).stdout
-    # Rows of the idle holders table start with the backend's pid.
+    # Rows of the holders table start with the backend's pid.
     holders = {
         line.split()[2]: line
-        for line in report.splitlines()
+        for line in report_section(report, "Holders (").splitlines()
         if "'odd-keys" in line and line.split()[0].isdigit()
     }
     assert "-6110350855857795459" in holders["'odd-keys'"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from support import IDLE, snapshot_of
 
 from pg_advisory_exporter.collect import vocabulary
+from pg_advisory_exporter.collect.databases import Databases
 from pg_advisory_exporter.collect.poolers import PoolerView
 from pg_advisory_exporter.collect.series import server_samples
 from pg_advisory_exporter.collect.vocabulary import (
@@ -102,7 +103,7 @@ def test_session_level_certainty_cases(state: str | None, outside: bool, certain
 def _forensics_row(state: str | None, outside: bool) -> dict[str, Any]:
     """One holder of key 1, as the /locks statement returns it."""
     return {
-        "pid": 1, "lock_entries": 1, "datname": "app", "application_name": "billing-worker",
+        "pid": 1, "lock_entries": 1, "datid": 5, "application_name": "billing-worker",
         "locks": [[5, 0, 1, BIGINT_KEY, "ExclusiveLock", True, None, None]],
         "outside_transaction": outside, "client_addr": "10.0.0.7", "client_port": 41000,
         "backend_start": None, "state": state, "state_seconds": None, "xact_start": None,
@@ -130,7 +131,9 @@ def test_metrics_and_forensics_name_a_backend_alike(
     )
     samples = server_samples("main", snapshot_of(collected), [], 100, poolers=views).samples
     [(*_, label)] = _value(samples, "pg_advisory_holders")
-    read = backend_from_row(_forensics_row(state, outside), NO_KEYS, views)
+    read = backend_from_row(
+        _forensics_row(state, outside), NO_KEYS, views, databases=Databases({5: "app"})
+    )
     assert read.state_word == label
     stranded = _value(samples, "pg_advisory_pooled_session_locks")
     assert read.stranded == (sum(stranded.values()) > 0)

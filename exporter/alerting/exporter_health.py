@@ -18,7 +18,9 @@ def exporter_health(w: RuleWriter) -> list[Rule]:
     return [
         w.alert(
             "PgAdvisoryTargetDown",
-            f"{w.sel('pg_advisory_up')} == 0 and on {w.by(*SERVER)} {w.sel(ANSWERS_FOR_SERVER)}",
+            # A server that refused the read for its full lock table pages as full (lock_table.py).
+            f"{w.sel('pg_advisory_up')} == 0 and on {w.by(*SERVER)} {w.sel(ANSWERS_FOR_SERVER)} "
+            f"unless on {w.by(*SERVER)} {w.sel('pg_advisory_lock_table_full')} == 1",
             for_="target_down_for",
             severity="critical",
             summary="The exporter cannot read {{ $labels.target }}",

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from .rule_writer import APP, SERVER, VALUE, WHERE, Rule, RuleWriter
 
+FULL = "PgLockTableFull"
+
+# The application that holds the most entries, found by a query when the alert fires: the
+# exporter's series that names it is absent where the server refused the read.
+_TOP_APPLICATION = (
+    '{{ with printf "pg_advisory_lock_table_top_application_entries{job=%q, instance=%q, '
+    'target=%q}" $labels.job $labels.instance $labels.target | query }}{{ with first . }} '
+    "The application holding the most entries is {{ .Labels.application_name }} in database "
+    '{{ .Labels.datname }}, with {{ .Value | printf "%.0f" }}.{{ end }}{{ end }}'
+)
+
 
 def lock_table(w: RuleWriter) -> list[Rule]:
     return [
+        _full(w),
         _nearly_full(w, "warning", "lock_table_warning"),
         _nearly_full(w, "critical", "lock_table_critical"),
         _exhaustion_forecast(w),
@@ -17,6 +29,24 @@ def lock_table(w: RuleWriter) -> list[Rule]:
 def _fill(w: RuleWriter) -> str:
     """The share of the lock table's capacity in use."""
     return f"{w.sel('pg_advisory_lock_table_entries')} / {w.sel('pg_advisory_lock_table_capacity')}"
+
+
+def _full(w: RuleWriter) -> Rule:
+    # At once: a full table fails every lock request not held yet, and every new connection.
+    return w.alert(
+        FULL,
+        f"{w.sel('pg_advisory_lock_table_full')} == 1",
+        for_="",
+        severity="critical",
+        summary="The lock table of {{ $labels.target }} is full",
+        description="The shared lock table of {{ $labels.target }} is full: its entries have "
+        "reached its capacity, or the server refused the exporter's read because it is (out "
+        "of shared memory). No session can take a lock it does not hold yet, and no new "
+        "connection can start: queries fail with ERROR: out of shared memory."
+        + _TOP_APPLICATION
+        + " End the holder (pg_terminate_backend, on a connection that is already open) or "
+        "raise max_locks_per_transaction (a restart).",
+    )
 
 
 def _nearly_full(w: RuleWriter, severity: str, share: str) -> Rule:

@@ -30,6 +30,7 @@ def server_log(w: RuleWriter) -> list[Rule]:
         v.duration("unlocks_not_held_window"),
         v.duration("out_of_shared_memory_window"),
     )
+    full = w.sel("pg_advisory_lock_table_full")
     return [
         w.alert(
             "PgAdvisoryUnlockNotHeld",
@@ -46,10 +47,14 @@ def server_log(w: RuleWriter) -> list[Rule]:
             "likely by another connection of a transaction pool; see "
             "pg_advisory_pooled_session_locks and the holders.",
         ),
-        # The lock table is the server's: one page for it, whichever applications failed.
+        # The lock table is the server's: one page for it, whichever applications failed;
+        # none where PgLockTableFull paged for it (the exporter saw the table full within
+        # the window, or the window before: a refusal can follow the last full sample).
         w.alert(
             "PgLockTableOutOfSharedMemory",
-            _counted(w, "pg_advisory_log_out_of_shared_memory_total", oom, "0", SERVER),
+            f"{_counted(w, 'pg_advisory_log_out_of_shared_memory_total', oom, '0', SERVER)} "
+            f"unless on {w.by(*SERVER)} (max_over_time({full}[{oom}]) == 1 "
+            f"or max_over_time({full}[{oom}] offset {oom}) == 1)",
             for_="",
             severity="critical",
             summary="The lock table of {{ $labels.target }} was full: statements could "
@@ -58,6 +63,7 @@ def server_log(w: RuleWriter) -> list[Rule]:
             f"table was full: {COUNT} in the last {oom}, as the server logged (ERROR: out "
             "of shared memory, a hint to raise max_locks_per_transaction). Queries have "
             "failed, whatever the table holds now; every lock type shares it. "
-            "pg_advisory_log_out_of_shared_memory_total says which applications failed.",
+            "pg_advisory_log_out_of_shared_memory_total says which applications failed. "
+            "It stays quiet where the exporter saw the table full: PgLockTableFull paged.",
         ),
     ]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+import psycopg
 
 MIN_SERVER_VERSION = 140000  # pg_locks.waitstart, which the wait metrics read, is new in 14
 # The formula below is verified up to 19 (against the source up to 18, and on real servers
@@ -53,3 +56,30 @@ def lock_table_capacity(settings: CapacitySettings) -> int | None:
     return settings.max_locks_per_transaction * (
         max_backends(settings) + settings.max_prepared_transactions
     )
+
+
+# A lock request that finds the table full fails with "out of shared memory" (SQLSTATE 53200)
+# and a hint that names this setting, in every language the server speaks: a setting's name
+# is never translated (quoted from PostgreSQL 18 on). A new connection refused at full (its
+# start locks its database, which needs an entry) reaches libpq as text alone, without its
+# SQLSTATE, and other shared memory runs out with other hints (max_pred_locks_per_transaction).
+_FULL_TABLE_HINT = re.compile(r"(?<![a-z_])max_locks_per_transaction(?![a-z_])")
+
+
+def refused_for_full_table(exc: BaseException) -> bool:
+    """Whether the server refused a statement or a new connection because its lock table is
+    full."""
+    if not isinstance(exc, psycopg.Error):
+        return False
+    hint = exc.diag.message_hint if exc.sqlstate == "53200" else None
+    return _FULL_TABLE_HINT.search(hint or str(exc)) is not None
+
+
+# How a read refused for the full table is reported (the server's words follow): on the
+# connection the exporter keeps, and on a new one (check's, pg_stat_statements').
+FULL_TABLE_REFUSAL = "the server's lock table is full, so it refused the read: "
+FULL_TABLE_NO_SESSION = (
+    "the server's lock table is full: no new session can start (each takes an entry in it), "
+    "so this read cannot connect; a running exporter still reads the server through the "
+    "connection it keeps, and its /locks page names who holds the entries: "
+)

@@ -4,6 +4,7 @@ mode, read from PgBouncer's admin console or known from the poolers' addresses."
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.dsn import redact
 from pg_advisory_exporter.config.targets import PoolerConfig
@@ -24,6 +26,18 @@ from pg_advisory_exporter.sharing import Patience, Shared, Turn
 
 from .kept_connection import CannotCollect, KeptConnection, connect
 from .scheduling import Watchdog
+
+log = logging.getLogger(__name__)
+
+# Seconds of a collection's deadline kept back from its poolers' reads, so that a pooler that
+# does not answer never makes the server's series late.
+_POOLER_MARGIN = 0.5
+# The most a collection waits for its poolers, in all, after the server's read: 0.5s, and at
+# most a quarter of the deadline. A console answers SHOW from memory in milliseconds; one
+# that does not answer would otherwise hold a collection worker, and a fleet behind hung
+# poolers would starve the pool (docs/forensics.md, "Session locks stranded in a pool").
+POOLER_WAIT = 0.5
+_POOLER_SHARE = 0.25
 
 # The admin console's commands, read by column name: columns are added between releases
 # (1.23 inserted `replication` into SHOW SERVERS) and renamed (1.24's reserve_pool_size).
@@ -364,8 +378,11 @@ class Poolers:
         configs: Sequence[PoolerConfig],
         settings: CollectionSettings,
         clock: Callable[[], float] = time.monotonic,
+        name: str = "",
     ) -> None:
         self._clock = clock
+        self._name = name  # the target's, in what its collections log
+        self._said = logs.Changes()
         self._consoles = {c.name: _Console(c, settings, clock) for c in configs if c.admin_dsn}
         self._addresses = {c.name: _Addresses(c.addresses, clock) for c in configs if c.addresses}
         self._configs = tuple(configs)
@@ -392,6 +409,34 @@ class Poolers:
                 mode = config.pool_mode or ""
                 views.append(PoolerView(config.name, error, networks=networks, pool_mode=mode))
         return tuple(views)
+
+    def read_after_server(
+        self, watchdog: Watchdog, deadline: float, elapsed: float
+    ) -> tuple[PoolerView, ...]:
+        """The poolers, read by a collection after its server's read (so that they know its
+        backends) for at most POOLER_WAIT of what is left of its `deadline`, `elapsed` of it
+        gone: a pooler never fails the server's series, nor holds its worker for long. Each
+        pooler's failure is logged once, and when it is read again."""
+        if not self:
+            return ()
+        left = deadline - _POOLER_MARGIN - elapsed
+        budget = min(left, POOLER_WAIT, deadline * _POOLER_SHARE)
+        try:
+            views = self.read(watchdog, budget)
+        except Exception as exc:  # no thread to read them in, say: theirs, not the server's
+            error = f"cannot read: {type(exc).__name__}: {exc}"
+            views = tuple(PoolerView(c.name, error) for c in self._configs)
+        for view in views:  # once per distinct error, as for the server
+            if not self._said.changed(view.name, view.error):
+                continue
+            if view.error is None:
+                log.info("pooler read again", extra={"target": self._name, "pooler": view.name})
+            else:
+                log.warning(
+                    "cannot read the pooler",
+                    extra={"target": self._name, "pooler": view.name, "error": view.error},
+                )
+        return views
 
     def close(self) -> None:
         for console in self._consoles.values():

@@ -12,8 +12,8 @@ from pg_advisory_exporter.metrics import Sample
 
 from .holds import Holds, HoldTracker
 from .poolers import PoolerView, owner
+from .reads import LOCK_WAITS
 from .snapshot import BackendLocks, KeyUse, ServerSnapshot, counted_uses
-from .versions import ADVISORY_LOCK_WAITS
 from .vocabulary import (
     EXCLUSIVE,
     IDLE_STATES,
@@ -33,12 +33,17 @@ def target_series(
     insufficient_privilege: bool | None,
     folded_application_names: int,
     server_wide: bool = True,
+    refused_for_full_table: bool = False,
 ) -> list[Sample]:
     """A target's series for one scrape: its server series (`pg_advisory_up 0` when the
-    collection failed and there are none), then the exporter's own: about the collection
-    (on the server's target only, see Target), and about the target's own answer."""
+    collection failed and there are none, with `pg_advisory_lock_table_full 1` on the
+    server's target where the server refused it for its full lock table), then the
+    exporter's own: about the collection (on the server's target only, see Target), and
+    about the target's own answer."""
     name = (target,)
     samples = list(server) or [Sample("pg_advisory_up", name, 0)]
+    if server_wide and not server and refused_for_full_table:
+        samples.append(Sample("pg_advisory_lock_table_full", name, 1))
     if server_wide:
         samples += [
             Sample("pg_advisory_exporter_collect_duration_seconds", name, duration),
@@ -251,6 +256,7 @@ def server_samples(
     ]
     if server_wide:
         samples += _server_wide_samples(target, snapshot)
+        samples += _top_application(target, snapshot, rules)
         samples.append(Sample("pg_advisory_exporter_untracked_holds", (target,), holds.untracked))
     samples += [
         Sample("pg_advisory_deadlocks_total", (target, datname), deadlocks)
@@ -292,6 +298,7 @@ def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
     samples = [
         Sample("pg_advisory_server_info", (target, snapshot.server_version), 1),
         Sample("pg_advisory_lock_table_entries", (target,), snapshot.lock_table_entries),
+        Sample("pg_advisory_lock_table_full", (target,), snapshot.lock_table_full),
         Sample(
             "pg_advisory_lock_table_backend_entries_max",
             (target,),
@@ -303,12 +310,31 @@ def _server_wide_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:
         samples.append(Sample("pg_advisory_lock_table_capacity", (target,), capacity))
     waits = snapshot.lock_waits
     if waits is not None:  # PostgreSQL 19 and later
-        counted, waited = ADVISORY_LOCK_WAITS.series
+        counted, waited = LOCK_WAITS.series
         samples += [
             Sample(counted, (target,), waits.waits),
             Sample(waited, (target,), waits.wait_seconds),
         ]
     return samples + _release_samples(target, snapshot)
+
+
+def _top_application(
+    target: str, snapshot: ServerSnapshot, rules: Sequence[RewriteRule]
+) -> list[Sample]:
+    """The application (as the target's rewrites name it) and database whose backends hold
+    the most lock table entries, whatever they lock."""
+    entries: dict[tuple[str, str], int] = defaultdict(int)
+    for held in snapshot.table_entries_by_application:
+        entries[held.datname, rewrite(held.application_name, rules)] += held.entries
+    if not entries:
+        return []
+    # The most entries; of equals, the first by name, so that the label stays put.
+    (datname, application), most = min(entries.items(), key=lambda item: (-item[1], item[0]))
+    return [
+        Sample(
+            "pg_advisory_lock_table_top_application_entries", (target, datname, application), most
+        )
+    ]
 
 
 def _release_samples(target: str, snapshot: ServerSnapshot) -> list[Sample]:

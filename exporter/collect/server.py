@@ -9,61 +9,29 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from typing import TypeVar
 
 import psycopg
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.config.settings import TargetSettings
-from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
+from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.sharing import Shared, Turn
 
-from .connection import ServerConnection, ServerIdentity
+from .capacity import FULL_TABLE_REFUSAL, refused_for_full_table
+from .collection import Collection, Reading
+from .connection import ServerConnection, ServerIdentity, Unanswered
 from .directory import Directory, View
-from .holds import NO_HOLDS, Holds, HoldTracker
+from .holds import HoldTracker
 from .kept_connection import CannotCollect
 from .pg_stat_statements import Statements, StatementsRead
-from .poolers import Poolers, PoolerView
+from .poolers import Poolers
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
 
 log = logging.getLogger(__name__)
 
-# Seconds of a collection's deadline kept back from its poolers' reads, so that a pooler that
-# does not answer never makes the server's series late.
-_POOLER_MARGIN = 0.5
-# The most a collection waits for its poolers, in all, after the server's read: 0.5s, and at
-# most a quarter of the deadline. A console answers SHOW from memory in milliseconds; one
-# that does not answer would otherwise hold a collection worker, and a fleet behind hung
-# poolers would starve the pool (docs/forensics.md, "Session locks stranded in a pool").
-POOLER_WAIT = 0.5
-_POOLER_SHARE = 0.25
-
-
-@dataclass(frozen=True)
-class Collection:
-    """The outcome of one collection from one server: what it saw, or why it saw nothing."""
-
-    finished_at: float  # monotonic clock
-    duration: float
-    snapshot: ServerSnapshot | None = None  # None on failure
-    poolers: tuple[PoolerView, ...] = ()
-    error: str | None = None
-    # The last read of pg_stat_statements when the collection ended (read apart, rarely).
-    statements: StatementsRead | None = None
-    holds: Holds = NO_HOLDS  # how long each lock seen has been held (holds.py)
-    # The target that answers for the server (it carries the whole server's series), as the
-    # server's directory decided when the collection ended (directory.py).
-    answering: View | None = None
-    registry: Registry = NO_KEYS  # the one its keys were matched with
-    # The server's collections so far, as of this one: failed ones, the last that succeeded.
-    errors_total: int = 0
-    last_collection_unix: float | None = None
-    last_success_unix: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
+T = TypeVar("T")
 
 
 class Server:
@@ -93,7 +61,7 @@ class Server:
         self._directory = directory
         self._clock = clock
         self._connection = ServerConnection(config)
-        self._poolers = Poolers(config.poolers, self.settings)
+        self._poolers = Poolers(config.poolers, self.settings, name=config.name)
         self._statements = Statements(config, watchdog)
         # The collections, shared by the scrapes that come within min_interval of each other.
         self._collections: Shared[Collection] = Shared(self.settings.min_interval, clock)
@@ -105,9 +73,17 @@ class Server:
         self._last_collection_unix: float | None = None
         self._errors_total = 0
         self._closed = False
+        # Held by each use of the connection: a collection, or a read between collections.
+        self._uses = threading.Lock()
         # Used by the collection only, and collections of one server never overlap.
         self._claimed: ServerIdentity | None = None
         self._holds = HoldTracker()
+        # Whether the lock table had room for the exporter to take an entry for a moment, at
+        # the last collection (snapshot.room_to_read): what the next one may read beside it.
+        self._room = True
+        # The entries the lock table held when the server refused this connection's read of
+        # its databases for the full table (snapshot.refused_at); a new connection forgets it.
+        self._refused_at: int | None = None
         self._said = logs.Changes()
 
     # -- who reads it ------------------------------------------------------------------------
@@ -227,6 +203,7 @@ class Server:
         expired = threading.Event()  # the deadline's own, once it is armed
         try:
             with (
+                self._uses,
                 self._connection.deadline(self._watchdog, wait, self._expiring) as expired,
                 self._connection.use(),
             ):
@@ -253,6 +230,43 @@ class Server:
             last_collection_unix=last_collection,
             last_success_unix=last_success,
         )
+
+    def between_collections(self, read: Callable[[Reading], T], seconds: float) -> T:
+        """`read` run on the connection this server keeps (opened if it is not), between two
+        collections, within `seconds` in all: a /locks read, which must never need a new
+        connection, since none can start while the lock table is full. Unanswered if not."""
+        reader = self.reading_server()
+        if reader is not self:
+            return reader.between_collections(read, seconds)
+        started = self._clock()
+        expired = threading.Event()  # the deadline's own, once it is armed
+        if not self._uses.acquire(timeout=seconds):
+            raise Unanswered(f"the collection running did not end within {seconds:g}s")
+        try:
+            left = max(seconds - (self._clock() - started), 0.0)
+            with (
+                self._connection.deadline(self._watchdog, left) as expired,
+                self._connection.use(),
+            ):
+                try:
+                    conn = self._connection.connection()
+                    return read(
+                        Reading(conn, self._connection.registry, self._connection.databases)
+                    )
+                except (psycopg.Error, CannotCollect) as exc:
+                    if isinstance(exc, CannotCollect) or self._connection_lost(expired):
+                        self._connection.drop()  # the next collection connects again
+                    if expired.is_set():
+                        error = self._connection.unanswered(left)
+                    elif refused_for_full_table(exc):
+                        error = FULL_TABLE_REFUSAL + str(exc).strip()
+                    else:
+                        error = str(exc).strip()
+                    raise Unanswered(self._connection.redact(error)) from None
+        finally:
+            if expired.is_set():
+                self._connection.drop()
+            self._uses.release()
 
     def _expiring(self) -> None:
         """The watchdog's word when a collection passes its deadline."""
@@ -287,10 +301,19 @@ class Server:
             if self._connection_lost(expired):
                 self._connection.drop()
                 self._directory.forget(self)
+            if refused_for_full_table(exc):
+                # The read on a kept connection takes no lock-table entry (snapshot.py); one
+                # refused is a new connection's, or a session whose caches had to read a
+                # shared catalog again: the full table, not the exporter, is the news.
+                self._room = False
+                error = FULL_TABLE_REFUSAL + self._connection.redact(str(exc).strip())
+                return self._failed(started, error, refused_for_full_table=True)
             return self._failed(started, self._describe(exc, expired))
         self._check_privilege(snapshot)
         holds = self._holds.update(snapshot, self._connection.registry)
-        poolers = self._read_poolers(started)
+        poolers = self._poolers.read_after_server(
+            self._watchdog, self.settings.collection_deadline, self._clock() - started
+        )
         self._statements.due()
         finished = self._clock()
         if self._said.changed("collection", None):
@@ -314,9 +337,12 @@ class Server:
         conn = self._connection.connection()
         self._claim(self._connection.identity)
         self._said.changed("reads through", None)  # it reads on its own (again)
-        snapshot = read_snapshot(conn, self._connection.registry)
-        self._connection.saw_databases(snapshot.databases)  # a new one: catalog keys next time
-        return snapshot
+        refused = self._connection.list_databases(conn, self._room)
+        snapshot = read_snapshot(conn, self._connection.registry, self._connection.databases)
+        if refused:  # full at what this read counts
+            self._refused_at = snapshot.lock_table_entries
+        self._room = snapshot.room_to_read
+        return dataclasses.replace(snapshot, refused_at=self._refused_at)
 
     def _claim(self, identity: ServerIdentity | None) -> None:
         """At each new connection: tell the directory which running server it reached; if a
@@ -326,7 +352,7 @@ class Server:
         # again (and a server reading through another checks again after SAME_SERVER_RECHECK).
         if identity is None or identity is self._claimed:
             return
-        self._claimed = identity
+        self._claimed, self._refused_at = identity, None
         if self._directory.claim(self, identity) is not self:
             self._connection.drop()
             raise self._read_through()
@@ -355,31 +381,6 @@ class Server:
             log.info("answers for its server", extra={"target": found.name, "server": self.name})
         return found
 
-    def _read_poolers(self, started: float) -> tuple[PoolerView, ...]:
-        """The poolers, read after the server (so that they know its backends) for at most
-        POOLER_WAIT of what is left of the collection's time: a pooler never fails the
-        server's series, nor holds its worker for long."""
-        if not self._poolers:
-            return ()
-        left = self.settings.collection_deadline - _POOLER_MARGIN - (self._clock() - started)
-        budget = min(left, POOLER_WAIT, self.settings.collection_deadline * _POOLER_SHARE)
-        try:
-            views = self._poolers.read(self._watchdog, budget)
-        except Exception as exc:  # no thread to read them in, say: theirs, not the server's
-            error = f"cannot read: {type(exc).__name__}: {exc}"
-            views = tuple(PoolerView(c.name, error) for c in self.config.poolers)
-        for view in views:  # once per distinct error, as for the server
-            if not self._said.changed(f"pooler {view.name}", view.error):
-                continue
-            if view.error is None:
-                log.info("pooler read again", extra={"target": self.name, "pooler": view.name})
-            else:
-                log.warning(
-                    "cannot read the pooler",
-                    extra={"target": self.name, "pooler": view.name, "error": view.error},
-                )
-        return views
-
     def _connection_lost(self, expired: threading.Event) -> bool:
         return not expired.is_set() and self._connection.lost()
 
@@ -392,7 +393,9 @@ class Server:
             )
         return self._connection.redact(str(exc).strip())
 
-    def _failed(self, started: float, error: str) -> Collection:
+    def _failed(
+        self, started: float, error: str, *, refused_for_full_table: bool = False
+    ) -> Collection:
         with self._state:
             self._errors_total += 1
         if self._said.changed("collection", error):
@@ -405,6 +408,7 @@ class Server:
             finished - started,
             error=error,
             answering=self._answering(self.databases()),
+            refused_for_full_table=refused_for_full_table,
         )
 
     def _check_privilege(self, snapshot: ServerSnapshot) -> None:

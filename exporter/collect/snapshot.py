@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,19 +13,24 @@ from psycopg.rows import dict_row
 from pg_advisory_exporter.keys.registry import NO_KEYS, RegisteredKey, Registry
 
 from .capacity import CapacitySettings, lock_table_capacity
+from .databases import NO_DATABASES, ROOM_TO_READ, Databases
 from .dead_client import (
     ReleaseSettings,
     dead_client_release_seconds,
     idle_in_transaction_release_seconds,
 )
 from .key_matching import KeyArrays, key_matching
-from .versions import LockWaits, columns_for, lock_waits
+from .reads import ApplicationEntries, LockWaits, columns_for, mapped
 from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK, certainly_session_level, state_word
 
 # The collection: pg_locks is read exactly once, in lock_groups, and aggregated there to
 # one row per backend, so the cost stays close to a bare count(*) of pg_locks and the
-# exporter never receives a row per lock. Run in autocommit, the statement sees pg_locks
-# and pg_stat_activity as of the same moment. Notes:
+# exporter never receives a row per lock. Run in autocommit, the statement sees the locks
+# and the backends' activity as of the same moment. It names functions only, never a
+# relation (reads.py says why: it takes no lock, so it still runs when the lock table is
+# full): pg_lock_status() for the pg_locks view, pg_stat_get_activity() for
+# pg_stat_activity, and databases by oid, named from the list read apart (databases.py).
+# Notes:
 # - A backend waits for at most one lock, so min(waitstart) is the start of that wait; it
 #   counts only when the awaited lock is advisory (awaited_mode is set).
 # - Only a backend inside a transaction holds a virtualxid lock, its own: a backend without
@@ -40,24 +44,16 @@ from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK, certainly_session_level, sta
 # - Table and advisory entries are every entry less the fast-path and the other entries:
 #   an advisory lock, the row there can be 100,000 of, is then counted once, not twice
 #   (one transition call less per row: about 0.02x the bare count at 100,000 locks).
+# - activity is used twice (the backends with advisory locks, and the lock table's entries
+#   by application): a CTE used twice is computed once.
 # - state_change is NULL where privileges hide it, so state_seconds is NULL there too, as are
 #   backend_start and xact_start; the three bound how long a lock has been held (holds.py),
 #   and now() (the statement's start) is what they are measured against.
 # - client_addr and client_port say which pooler connection a backend serves; a Unix
 #   socket's port is -1, read as NULL like a hidden one.
-# - Deadlocks are read for every database but the templates (datistemplate, template0,
-#   template1 and any made with IS_TEMPLATE): a template is copied, not worked in, so its
-#   series would only be noise. The join also drops the shared-objects row (datid 0). The
-#   value repeats on every row: as text, so that only the first row's is parsed.
-# - The settings, the privilege and the deadlocks are read once, in totals' one row, not
-#   once per backend row (a fifth of the statement's time at 200 locks over 100 backends).
-# - The keepalive settings and tcp_user_timeout show what the server applies to this TCP
-#   session (the operating system's values where they are 0); on a Unix socket they show 0
-#   whatever is set, so there the configured values (reset_val) are read too, from
-#   pg_settings, which costs more and is read only then. The idle timeouts show with a unit
-#   ("10min"), which an interval reads.
+# - The reads of `totals` (reads.py) are read once, in its one row, not once per backend
+#   row (a fifth of the statement's time at 200 locks over 100 backends).
 # - {key_codes} and {registered_keys} match the key registry (key_matching.py).
-# - {versioned} is what the server's version adds (versions.py).
 _COLLECT_TEMPLATE = """
 WITH lock_groups AS (
     SELECT
@@ -69,7 +65,7 @@ WITH lock_groups AS (
         max(l.mode) FILTER (WHERE NOT l.granted AND l.locktype = 'advisory') AS awaited_mode,
         min(l.waitstart) AS wait_start,
         count(l.virtualxid) AS virtualxid_locks{key_codes}
-    FROM pg_catalog.pg_locks AS l
+    FROM pg_catalog.pg_lock_status() AS l
     GROUP BY l.pid
 ),
 backend_locks AS (
@@ -84,51 +80,23 @@ backend_locks AS (
         {registered_keys} AS registered_keys
     FROM lock_groups
 ),
+activity AS (
+    SELECT a.pid, a.datid, a.application_name, a.state, a.client_addr, a.client_port,
+           a.state_change, a.backend_start, a.xact_start
+    FROM pg_catalog.pg_stat_get_activity(NULL) AS a
+),
 totals AS (
     SELECT
         coalesce(sum(table_entries), 0)::bigint AS lock_table_entries,
         coalesce(max(table_entries) FILTER (WHERE pid IS NOT NULL), 0)::bigint
-            AS backend_table_entries_max,
-        pg_catalog.current_setting('server_version_num')::int AS server_version_num,
-        pg_catalog.current_setting('server_version') AS server_version,
-        pg_catalog.current_setting('max_locks_per_transaction')::int AS max_locks_per_transaction,
-        pg_catalog.current_setting('max_connections')::int AS max_connections,
-        pg_catalog.current_setting('autovacuum_max_workers')::int AS autovacuum_max_workers,
-        pg_catalog.current_setting('autovacuum_worker_slots', true)::int
-            AS autovacuum_worker_slots,
-        pg_catalog.current_setting('max_worker_processes')::int AS max_worker_processes,
-        pg_catalog.current_setting('max_wal_senders')::int AS max_wal_senders,
-        pg_catalog.current_setting('max_prepared_transactions')::int
-            AS max_prepared_transactions,
-        pg_catalog.current_setting('tcp_keepalives_idle')::int AS tcp_keepalives_idle,
-        pg_catalog.current_setting('tcp_keepalives_interval')::int AS tcp_keepalives_interval,
-        pg_catalog.current_setting('tcp_keepalives_count')::int AS tcp_keepalives_count,
-        pg_catalog.current_setting('tcp_user_timeout')::int AS tcp_user_timeout,
-        extract(epoch FROM pg_catalog.current_setting('idle_session_timeout')::interval)::float8
-            AS idle_session_timeout,
-        extract(epoch FROM pg_catalog.current_setting(
-            'idle_in_transaction_session_timeout')::interval)::float8
-            AS idle_in_transaction_session_timeout,
-        CASE WHEN pg_catalog.inet_server_addr() IS NULL THEN
-            (SELECT pg_catalog.json_object_agg(s.name, s.reset_val)
-               FROM pg_catalog.pg_settings AS s
-              WHERE s.name IN ('tcp_keepalives_idle', 'tcp_keepalives_interval',
-                               'tcp_keepalives_count', 'tcp_user_timeout'))::text
-        END AS socket_keepalives,
-        pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats,
-        pg_catalog.current_database() AS current_database,
-        extract(epoch FROM now())::float8 AS read_at,
-        (SELECT pg_catalog.json_object_agg(d.datname, d.deadlocks)
-           FROM pg_catalog.pg_stat_database AS d
-           JOIN pg_catalog.pg_database AS db ON db.oid = d.datid
-          WHERE NOT db.datistemplate)::text AS deadlocks{versioned}
+            AS backend_table_entries_max{reads}
     FROM backend_locks
     WHERE pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
 )
 SELECT
     t.*,
     b.*,
-    a.datname,
+    a.datid::bigint AS datid,
     a.application_name,
     a.state,
     pg_catalog.host(a.client_addr) AS client_addr,
@@ -140,22 +108,23 @@ SELECT
          THEN extract(epoch FROM now() - coalesce(b.wait_start, now()))::float8
     END AS wait_seconds
 FROM totals AS t
-LEFT JOIN (backend_locks AS b JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b.pid)
+LEFT JOIN (backend_locks AS b JOIN activity AS a ON a.pid = b.pid)
        ON b.advisory_entries > 0 AND b.pid <> pg_catalog.pg_backend_pid()
 """
 
 
 @functools.lru_cache(maxsize=64)
-def _collect_sql(arrays: KeyArrays, versioned: str) -> str:
+def _collect_sql(arrays: KeyArrays, reads: str) -> str:
     key_codes, registered_keys = key_matching(dict(arrays))
     return _COLLECT_TEMPLATE.format(
-        key_codes=key_codes, registered_keys=registered_keys, versioned=versioned
+        key_codes=key_codes, registered_keys=registered_keys, reads=reads
     )
 
 
 def collect_sql(version: int, registry: Registry = NO_KEYS) -> str:
     """The collection statement for a server of this version (server_version_num) and this
-    registry, its keys written in as constants."""
+    registry, its keys written in as constants; the databases it reads deadlocks for are
+    bound as %(databases)s (collection_parameters)."""
     arrays = registry.sql_parameters()
     keys = tuple((name, tuple(arrays[name])) for name in sorted(arrays))
     return _collect_sql(keys, columns_for(version))
@@ -260,7 +229,12 @@ class ServerSnapshot:
     lock_table_entries: int
     backend_table_entries_max: int
     backends: tuple[BackendLocks, ...]
-    lock_waits: LockWaits | None = None  # PostgreSQL 19's count of them (versions.py)
+    # The lock table's entries (all lock types) by database and application (reads.py).
+    table_entries_by_application: tuple[ApplicationEntries, ...] = ()
+    lock_waits: LockWaits | None = None  # PostgreSQL 19's count of them (reads.py)
+    # The entries the table held when the server last refused the exporter one (its list of
+    # databases), on this connection: the table's real size, where it is below capacity.
+    refused_at: int | None = None
 
     @property
     def idle_session_holders(self) -> int:
@@ -277,6 +251,27 @@ class ServerSnapshot:
     def lock_table_capacity(self) -> int | None:
         """The entries its lock table is sized for (capacity.py); None where not verified."""
         return lock_table_capacity(self.capacity_settings)
+
+    @property
+    def lock_table_full(self) -> bool:
+        """Whether the lock table is full: it has less room left than one backend's budget
+        (max_locks_per_transaction), or holds as many entries as when the server refused the
+        exporter an entry (`refused_at`). A server refuses at about its capacity: a few
+        entries short of it on PostgreSQL 19, and before 19 anywhere from there to twice past
+        it, as much as the spare shared memory that earlier growth left allows."""
+        capacity = self.lock_table_capacity
+        budget = self.capacity_settings.max_locks_per_transaction
+        entries = self.lock_table_entries
+        if capacity is not None and entries > capacity - budget:
+            return True
+        return self.refused_at is not None and entries >= self.refused_at
+
+    @property
+    def room_to_read(self) -> bool:
+        """Whether the lock table has room for the exporter to take an entry for a moment
+        (to read the list of databases, a shared catalog): below ROOM_TO_READ of capacity."""
+        capacity = self.lock_table_capacity
+        return capacity is None or self.lock_table_entries < ROOM_TO_READ * capacity
 
     @property
     def dead_client_release_seconds(self) -> float | None:
@@ -303,10 +298,10 @@ def _key_uses(row: Mapping[str, Any]) -> tuple[KeyUse, ...]:
     )
 
 
-def _backend(row: Mapping[str, Any]) -> BackendLocks:
+def _backend(row: Mapping[str, Any], databases: Databases) -> BackendLocks:
     return BackendLocks(
         pid=row["pid"],
-        datname=row["datname"] or "",
+        datname=databases.name(row["datid"]),
         application_name=row["application_name"] or "",
         state=row["state"],
         state_seconds=_age(row["state_seconds"]),
@@ -324,47 +319,20 @@ def _backend(row: Mapping[str, Any]) -> BackendLocks:
     )
 
 
-def _release_settings(row: Mapping[str, Any]) -> ReleaseSettings:
-    # A TCP session's values are those in force on it; a Unix socket's come configured.
-    socket = row["socket_keepalives"]
-    given = row if socket is None else json.loads(socket)
-    settings = ReleaseSettings(
-        int(given["tcp_keepalives_idle"]),
-        int(given["tcp_keepalives_interval"]),
-        int(given["tcp_keepalives_count"]),
-        int(given["tcp_user_timeout"]),
-        row["idle_session_timeout"],
-        row["idle_in_transaction_session_timeout"],
-    )
-    return settings if socket is None else settings.configured()
-
-
-def read_snapshot(conn: psycopg.Connection[Any], registry: Registry = NO_KEYS) -> ServerSnapshot:
+def read_snapshot(
+    conn: psycopg.Connection[Any], registry: Registry = NO_KEYS, databases: Databases = NO_DATABASES
+) -> ServerSnapshot:
     """Run the collection statement once, the one for the connection's server version, and
-    map its rows."""
-    sql = collect_sql(conn.info.server_version, registry)
+    map its rows, naming databases from `databases` (and reading deadlocks for its own)."""
+    version = conn.info.server_version
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(sql).fetchall()
+        rows = cur.execute(
+            collect_sql(version, registry), {"databases": list(databases.worked_in)}
+        ).fetchall()
     first = rows[0]  # totals always yield one row, with NULL backend columns if none
     return ServerSnapshot(
-        server_version=first["server_version"].split()[0],
-        current_database=first["current_database"],
-        read_at=first["read_at"],
-        capacity_settings=CapacitySettings(
-            server_version_num=first["server_version_num"],
-            max_locks_per_transaction=first["max_locks_per_transaction"],
-            max_connections=first["max_connections"],
-            autovacuum_max_workers=first["autovacuum_max_workers"],
-            autovacuum_worker_slots=first["autovacuum_worker_slots"],
-            max_worker_processes=first["max_worker_processes"],
-            max_wal_senders=first["max_wal_senders"],
-            max_prepared_transactions=first["max_prepared_transactions"],
-        ),
-        release_settings=_release_settings(first),
-        can_read_all_stats=first["can_read_all_stats"],
-        deadlocks=json.loads(first["deadlocks"] or "{}"),
+        **mapped(version, first, databases),
         lock_table_entries=first["lock_table_entries"],
         backend_table_entries_max=first["backend_table_entries_max"],
-        backends=tuple(_backend(row) for row in rows if row["pid"] is not None),
-        lock_waits=lock_waits(first),
+        backends=tuple(_backend(row, databases) for row in rows if row["pid"] is not None),
     )

@@ -14,12 +14,13 @@ from pg_advisory_exporter.endpoints import LOCKS_PATH
 from pg_advisory_exporter.metrics import Sample, locks_page_info
 from pg_advisory_exporter.serverlog.counting import ServerLog
 
+from .collection import Collection
 from .directory import Directory
 from .holds import NO_HOLDS, Holds
 from .pg_stat_statements import StatementsRead, statements_samples
 from .scheduling import CollectionPool, Priority, Task, Watchdog
 from .series import server_samples, target_series
-from .server import Collection, Server
+from .server import Server
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ class Target:
             insufficient_privilege=None if snapshot is None else not snapshot.can_read_all_stats,
             folded_application_names=folded,
             server_wide=server_wide,
+            refused_for_full_table=collection.refused_for_full_table,
         ) + (self._locks_page if server_wide else [])
 
     def statements(self) -> StatementsRead | None:

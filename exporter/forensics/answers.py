@@ -17,11 +17,12 @@ from pg_advisory_exporter.collect.connection import Unanswered
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Holds
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.scheduling import Watchdog
+from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.sharing import Shared, Turn
 
 from .model import Forensics
-from .read import answer
+from .read import answer_kept
 
 log = logging.getLogger(__name__)
 
@@ -106,20 +107,22 @@ class OnDemand:
 
 def on_demand(
     target: TargetSettings,
+    server: Server,
     watchdog: Watchdog,
     statements: Callable[[], StatementsRead | None] = lambda: None,
     holds: Callable[[], Holds] = lambda: NO_HOLDS,
 ) -> OnDemand:
-    """The answers of one target as its configuration says: reused for locks_page.reuse_for.
-    Each carries what `statements` gives then: the daemon's last read of pg_stat_statements
-    (a page view never reads it: its texts can be megabytes); and its holds are bounded by
-    what `holds` gives: those of the server's last collection."""
-    # A read and its poolers' reads end within one deadline (read.answer); the wait allows
+    """The answers of one target as its configuration says: reused for locks_page.reuse_for,
+    read on the connection its `server` keeps (read.answer_kept). Each carries what
+    `statements` gives then: the daemon's last read of pg_stat_statements (a page view never
+    reads it: its texts can be megabytes); and its holds are bounded by what `holds` gives:
+    those of the server's last collection."""
+    # A read and its poolers' reads end within one deadline (read.answer_kept); the wait allows
     # twice that and a second, so that a busy machine's late thread is not taken for a hang.
     wait = 2 * target.collection.collection_deadline + 1.0
 
     def read() -> Forensics:
-        found = answer(target, watchdog, holds=holds)[0]
+        found = answer_kept(target, server, watchdog, holds)
         return dataclasses.replace(found, statements=statements())
 
     return OnDemand(read, target.locks_page.reuse_for, wait)

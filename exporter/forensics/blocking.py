@@ -10,7 +10,7 @@ from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.poolers import PoolerView
 from pg_advisory_exporter.keys.key import AdvisoryKey
 
-from .model import Backend, ContendedKey, Forensics, LockEntry, Waiter
+from .model import Backend, ContendedKey, Forensics, LockEntry, TableHolder, Waiter
 
 
 def conflicts(held: str, wanted: str) -> bool:
@@ -85,6 +85,7 @@ def assemble(
     poolers: Sequence[PoolerView] = (),
     query_text: bool = False,
     read_at: float | None = None,
+    table_holders: Sequence[TableHolder] = (),
 ) -> Forensics:
     """The backends of one read, with each waiter's blockers and the contended keys."""
     waiters = _waiters(backends)
@@ -97,4 +98,5 @@ def assemble(
         contended=_contended(backends, waiters),
         query_text=query_text,
         poolers=tuple(poolers),
+        table_holders=tuple(table_holders),
     )

@@ -154,6 +154,23 @@ class ContendedKey:
 
 
 @dataclass(frozen=True)
+class TableHolder:
+    """A backend among those holding the most entries of the shared lock table, of every lock
+    type: who fills it, with advisory locks or a query's locks on thousands of relations."""
+
+    pid: int
+    entries: int
+    datname: str
+    application_name: str  # raw: as the client set it
+    state: str | None  # None where privileges hide it
+
+    @property
+    def terminate(self) -> str:
+        """The statement that would end it and release its entries; shown, never run."""
+        return f"SELECT pg_terminate_backend({self.pid})"
+
+
+@dataclass(frozen=True)
 class Forensics:
     """One read of one server: its advisory lock holders and waiters."""
 
@@ -167,6 +184,8 @@ class Forensics:
     poolers: tuple[PoolerView, ...] = ()
     # The risky statements of the server's last rare read of pg_stat_statements, if any.
     statements: StatementsRead | None = None
+    # Those holding the most of the shared lock table, the most first (read.TABLE_HOLDERS).
+    table_holders: tuple[TableHolder, ...] = ()
 
     @property
     def holders(self) -> tuple[Backend, ...]:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
-from pg_advisory_exporter.collect.vocabulary import NOTHING, format_age, format_held
+from pg_advisory_exporter.collect.vocabulary import NOTHING, format_age, format_held, state_word
 
 from . import words
 from .glance import Awaited, ChainNode, awaited_locks, blocking_chains, held_per_group, split_held
@@ -266,6 +266,27 @@ def _contended_table(forensics: Forensics) -> str:
     return _table(headings, rows)
 
 
+def _table_holders_table(forensics: Forensics) -> str:
+    """Who holds the most of the shared lock table, whatever they lock: when it is full, the
+    backends to end."""
+    if not forensics.table_holders:
+        return '<p class="note">No backend holds an entry of the shared lock table.</p>\n'
+    rows = [
+        [
+            _e(holder.pid),
+            _e(f"{holder.entries:,}"),
+            _e(holder.application_name),
+            _e(holder.datname),
+            _e(state_word(holder.state, False)),
+            f'<code class="statement">{_e(holder.terminate)}</code>',
+        ]
+        for holder in forensics.table_holders
+    ]
+    headings = [("pid", "7%"), ("Entries", "9%"), ("Application", ""), ("Database", "12%"),
+                ("State", "12%"), _END_IT]  # fmt: skip
+    return _table(headings, rows)
+
+
 def _statements_section(read: StatementsRead | None) -> str:
     """The risky statements of the server's last read of pg_stat_statements (hygiene.md)."""
     if read is None:
@@ -349,6 +370,8 @@ def parts(forensics: Forensics) -> tuple[str, str]:
         + f"<h2>Waiters ({len(forensics.waiters)})</h2>\n{_waiters_table(forensics)}"
         + f"<h2>Holders ({len(forensics.holders)})</h2>\n{_holders_table(forensics)}"
         + f"<h2>Contended keys ({len(forensics.contended)})</h2>\n{_contended_table(forensics)}"
+        + "<h2>Most lock table entries, all lock types</h2>\n"
+        + _table_holders_table(forensics)
         + _statements_section(forensics.statements)
         + '<p class="note">"Held": how long a holder has held advisory locks, at least as '
         "long as the exporter has seen it hold them, and since it went idle if that was "

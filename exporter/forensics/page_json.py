@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.hygiene.risky import RULES, SAFE_FORM, WHAT
 from pg_advisory_exporter.keys.key import BIGINT_KEY
@@ -126,6 +127,17 @@ def forensics_json(forensics: Forensics) -> dict[str, Any]:
         "contended_keys": [_contended(key) for key in forensics.contended],
         "blocking_chains": [_chain(root, names) for root in blocking_chains(forensics.waiters)],
         "poolers": [{"name": view.name, "error": view.error} for view in forensics.poolers],
+        "lock_table_holders": [
+            {
+                "pid": holder.pid,
+                "entries": holder.entries,
+                "datname": holder.datname,
+                "application_name": holder.application_name,
+                "state": vocabulary.state_word(holder.state, False),
+                "terminate": holder.terminate,
+            }
+            for holder in forensics.table_holders
+        ],
     }
 
 

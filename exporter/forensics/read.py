@@ -12,10 +12,13 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pg_advisory_exporter.collect import vocabulary
+from pg_advisory_exporter.collect.collection import Reading
 from pg_advisory_exporter.collect.connection import Session, new_session
+from pg_advisory_exporter.collect.databases import NO_DATABASES, Databases
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Hold, Holder, Holds, hold_of
 from pg_advisory_exporter.collect.poolers import Poolers, PoolerView, owner
 from pg_advisory_exporter.collect.scheduling import Watchdog
+from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.config.targets import LocksPageSettings
 from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
@@ -24,19 +27,28 @@ from pg_advisory_exporter.keys.key_config import Level
 from pg_advisory_exporter.keys.registry import Registry
 
 from .blocking import assemble
-from .model import Backend, Forensics, LockEntry
+from .model import Backend, Forensics, LockEntry, TableHolder
 
 # The most lock entries listed per backend (its total is always given), and the most
 # backends listed (the number left out is given): a backend holding 100,000 locks, or a
 # server with thousands of sessions, must not make a page of megabytes.
 LOCKS_PER_BACKEND = 50
 MAX_BACKENDS = 500
+# The backends listed as holding the most of the shared lock table, of every lock type.
+TABLE_HOLDERS = 10
 
 # One statement, in autocommit, so that pg_locks and pg_stat_activity describe one moment.
-# Notes:
-# - pg_locks is read once, in forensic_locks, and only its advisory rows are kept: the CTE
-#   is used twice, and MATERIALIZED makes sure the planner never inlines it into each use,
-#   which would read pg_locks twice.
+# Like the collection's, it names functions only (pg_lock_status() and pg_stat_get_activity()
+# for the views on them, databases by oid): it takes no lock, and so still reads a server
+# whose lock table is full (collect/reads.py says why). Notes:
+# - pg_locks is read once, in forensic_locks: every CTE after reads it from there, and
+#   MATERIALIZED makes sure the planner never inlines it into each use, which would read
+#   pg_locks again. advisory_locks keeps its advisory rows, read twice (NOT MATERIALIZED: two
+#   scans of the rows kept, not a second copy of them).
+# - table_holders: the backends holding the most entries of the shared lock table, of every
+#   lock type (a job's advisory locks, or a query's locks on thousands of partitions): who
+#   fills it. Its one row is joined with the backends' (a row of NULLs where none holds an
+#   advisory lock), so that it comes with any number of them.
 # - A row without a pid belongs to a prepared transaction: there is no backend to show or end.
 # - contended: somebody awaits the row's key (its database and the three key columns). Those
 #   rows are returned whatever the per-backend cap, since the blockers are computed from them;
@@ -60,14 +72,16 @@ MAX_BACKENDS = 500
 #   what bounds how long it has held its locks (collect/holds.py).
 _FORENSICS_TEMPLATE = """
 WITH forensic_locks AS MATERIALIZED (
-    SELECT l.pid, l.database, l.classid, l.objid, l.objsubid, l.mode, l.granted, l.waitstart,
-           l.virtualtransaction
-    FROM pg_catalog.pg_locks AS l
-    WHERE l.locktype = 'advisory'
+    SELECT l.pid, l.locktype, l.fastpath, l.database, l.classid, l.objid, l.objsubid, l.mode,
+           l.granted, l.waitstart, l.virtualtransaction
+    FROM pg_catalog.pg_lock_status() AS l
+),
+advisory_locks AS NOT MATERIALIZED (
+    SELECT * FROM forensic_locks WHERE locktype = 'advisory'
 ),
 awaited_keys AS (
     SELECT DISTINCT database, classid, objid, objsubid
-    FROM forensic_locks
+    FROM advisory_locks
     WHERE NOT granted
 ),
 entries AS (
@@ -77,7 +91,7 @@ entries AS (
                PARTITION BY f.pid
                ORDER BY f.granted, k.objsubid IS NULL
            ) AS position
-    FROM forensic_locks AS f
+    FROM advisory_locks AS f
     LEFT JOIN awaited_keys AS k
            ON k.database = f.database AND k.classid = f.classid AND k.objid = f.objid
           AND k.objsubid = f.objsubid
@@ -102,30 +116,46 @@ backends AS (
     GROUP BY e.pid
 ),
 ranked AS (
-    SELECT b.*, a.datname, a.application_name, a.client_addr, a.client_port, a.backend_start,
+    SELECT b.*, a.datid, a.application_name, a.client_addr, a.client_port, a.backend_start,
            a.state, a.state_change, a.xact_start{query},
            row_number() OVER (ORDER BY b.waiting DESC, b.blocking DESC,
                                        a.state_change NULLS LAST, b.pid) AS rank,
            count(*) OVER () AS backends_total
     FROM backends AS b
-    LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b.pid
+    LEFT JOIN pg_catalog.pg_stat_get_activity(NULL) AS a ON a.pid = b.pid
+),
+table_holders AS (
+    SELECT pg_catalog.json_agg(
+               pg_catalog.json_build_array(
+                   t.pid, t.entries, a.datid::bigint, a.application_name, a.state)
+               ORDER BY t.entries DESC, t.pid) AS table_holders
+    FROM (SELECT pid, count(*) AS entries
+            FROM forensic_locks
+           WHERE NOT fastpath AND pid IS NOT NULL AND pid <> pg_catalog.pg_backend_pid()
+           GROUP BY pid
+           ORDER BY entries DESC, pid
+           LIMIT %(table_holders)s) AS t
+    LEFT JOIN pg_catalog.pg_stat_get_activity(NULL) AS a ON a.pid = t.pid
 )
-SELECT pid, lock_entries, backends_total, locks, datname, application_name,
-       pg_catalog.split_part(virtualtransaction, '/', 2) = '0' AS outside_transaction,
-       pg_catalog.host(client_addr) AS client_addr,
-       nullif(client_port, -1) AS client_port,
-       backend_start, state, extract(epoch FROM now() - state_change)::float8 AS state_seconds,
-       xact_start, extract(epoch FROM now())::float8 AS now_unix,
-       extract(epoch FROM backend_start)::float8 AS backend_start_unix,
-       extract(epoch FROM xact_start)::float8 AS xact_start_unix{query_column}
-FROM ranked
-WHERE rank <= %(max_backends)s
-ORDER BY rank
+SELECT h.table_holders, extract(epoch FROM now())::float8 AS now_unix,
+       r.pid, r.lock_entries, r.backends_total, r.locks, r.datid::bigint AS datid,
+       r.application_name,
+       pg_catalog.split_part(r.virtualtransaction, '/', 2) = '0' AS outside_transaction,
+       pg_catalog.host(r.client_addr) AS client_addr,
+       nullif(r.client_port, -1) AS client_port,
+       r.backend_start, r.state,
+       extract(epoch FROM now() - r.state_change)::float8 AS state_seconds,
+       r.xact_start,
+       extract(epoch FROM r.backend_start)::float8 AS backend_start_unix,
+       extract(epoch FROM r.xact_start)::float8 AS xact_start_unix{query_column}
+FROM table_holders AS h
+LEFT JOIN ranked AS r ON r.rank <= %(max_backends)s
+ORDER BY r.rank
 """
 FORENSICS_SQL = _FORENSICS_TEMPLATE.format(query="", query_column="")
 FORENSICS_WITH_QUERY_SQL = _FORENSICS_TEMPLATE.format(
     query=",\n           pg_catalog.left(a.query, %(query_text_length)s) AS query",
-    query_column=", query",
+    query_column=", r.query",
 )
 
 
@@ -159,11 +189,14 @@ def backend_from_row(
     poolers: Sequence[PoolerView] = (),
     holds: Holds = NO_HOLDS,
     rules: Sequence[RewriteRule] = (),
+    *,
+    databases: Databases = NO_DATABASES,
 ) -> Backend:
-    """One backend of the read, its holds bounded by what the collections before saw
+    """One backend of the read, its database named from the server's list (`databases`),
+    its holds bounded by what the collections before saw
     (`holds`: the server's last collection's) and by this read's own timestamps, and its
     application_name as the series give it (the target's `rules`)."""
-    datname = row["datname"] or ""
+    datname = databases.name(row["datid"])
     state_seconds = None if row["state_seconds"] is None else max(row["state_seconds"], 0.0)
     outside = bool(row["outside_transaction"])
     holder = Holder(
@@ -215,26 +248,50 @@ def build(
     registry: Registry,
     poolers: Sequence[PoolerView] = (),
     *,
+    databases: Databases = NO_DATABASES,
     query_text: bool = False,
     holds: Holds = NO_HOLDS,
     rules: Sequence[RewriteRule] = (),
 ) -> Forensics:
-    """Map the statement's rows (backends_total is on each: the same count)."""
-    backends = [backend_from_row(row, registry, poolers, holds, rules) for row in rows]
-    total = rows[0]["backends_total"] if rows else 0
-    return assemble(target, backends, total, poolers=poolers, query_text=query_text)
+    """Map the statement's rows (backends_total and table_holders are on each: the same; a
+    row without a pid stands for no backend holding or awaiting an advisory lock)."""
+    backends = [
+        backend_from_row(row, registry, poolers, holds, rules, databases=databases)
+        for row in rows
+        if row["pid"] is not None
+    ]
+    total = rows[0]["backends_total"] or 0 if rows else 0
+    table_holders = tuple(
+        TableHolder(pid, entries, databases.name(datid), application_name or "", state)
+        for pid, entries, datid, application_name, state in (
+            (rows[0]["table_holders"] if rows else None) or ()
+        )
+    )
+    return assemble(
+        target,
+        backends,
+        total,
+        poolers=poolers,
+        query_text=query_text,
+        table_holders=table_holders,
+    )
+
+
+def parameters(settings: LocksPageSettings) -> dict[str, int]:
+    """The forensics statement's parameters: its caps, and how much of a query it reads."""
+    return {
+        "locks_per_backend": LOCKS_PER_BACKEND,
+        "max_backends": MAX_BACKENDS,
+        "table_holders": TABLE_HOLDERS,
+        "query_text_length": settings.query_text_length,
+    }
 
 
 def read_rows(conn: psycopg.Connection[Any], settings: LocksPageSettings) -> list[dict[str, Any]]:
     """Run the forensics statement once."""
     sql = FORENSICS_WITH_QUERY_SQL if settings.query_text else FORENSICS_SQL
-    parameters = {
-        "locks_per_backend": LOCKS_PER_BACKEND,
-        "max_backends": MAX_BACKENDS,
-        "query_text_length": settings.query_text_length,
-    }
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql, parameters).fetchall()
+        return cur.execute(sql, parameters(settings)).fetchall()
 
 
 def read_poolers(
@@ -256,11 +313,11 @@ def answer(
     first: Callable[[Session], None] | None = None,
     holds: Callable[[], Holds] = lambda: NO_HOLDS,
 ) -> tuple[Forensics, Session]:
-    """Read the target once: the server, then its poolers, all within one collection's
-    deadline (connect_timeout + statement_timeout + 1s); and the session it was read on, now
-    closed. `first` runs on that session before the read (`check` reads the collection's
-    statement there); `holds` gives what the collections saw held, asked once the read is
-    done. Raises Unanswered."""
+    """Read the target once on a new connection (`check`'s: a one-shot command has no other):
+    the server, then its poolers, all within one collection's deadline (connect_timeout +
+    statement_timeout + 1s); and the session it was read on, now closed. `first` runs on that
+    session before the read (`check` reads the collection's statement there); `holds` gives
+    what the collections saw held, asked once the read is done. Raises Unanswered."""
     settings = target.locks_page
     deadline = target.collection.collection_deadline
     started = time.monotonic()
@@ -269,13 +326,46 @@ def answer(
             first(session)
         rows = read_rows(session.conn, settings)
     views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
-    forensics = build(
+    reading = Reading(session.conn, session.registry, session.databases)
+    return _built(target, rows, reading, views, holds()), session
+
+
+def answer_kept(
+    target: TargetSettings,
+    server: Server,
+    watchdog: Watchdog,
+    holds: Callable[[], Holds] = lambda: NO_HOLDS,
+) -> Forensics:
+    """Read the target once on the connection its server keeps, between two collections
+    (the daemon's /locks: never a new connection, since none can start while the lock table
+    is full), then its poolers, within one collection's deadline. Raises Unanswered."""
+    deadline = target.collection.collection_deadline
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+
+    def read(reading: Reading) -> Reading:
+        rows[:] = read_rows(reading.conn, target.locks_page)
+        return reading
+
+    reading = server.between_collections(read, deadline)
+    views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
+    return _built(target, rows, reading, views, holds())
+
+
+def _built(
+    target: TargetSettings,
+    rows: Sequence[Mapping[str, Any]],
+    reading: Reading,
+    views: tuple[PoolerView, ...],
+    holds: Holds,
+) -> Forensics:
+    return build(
         target.name,
         rows,
-        session.registry,
+        reading.registry,
         views,
-        query_text=settings.query_text,
-        holds=holds(),
+        databases=reading.databases,
+        query_text=target.locks_page.query_text,
+        holds=holds,
         rules=[rule.rule() for rule in target.collection.application_name_rewrites],
     )
-    return forensics, session

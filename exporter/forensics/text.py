@@ -7,7 +7,7 @@ from typing import TextIO
 
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.snapshot import grant_read_all_stats
-from pg_advisory_exporter.collect.vocabulary import NOTHING, format_age, format_held
+from pg_advisory_exporter.collect.vocabulary import NOTHING, format_age, format_held, state_word
 
 from . import words
 from .model import LEAK_AFTER, Backend, Forensics
@@ -45,6 +45,7 @@ def print_forensics(forensics: Forensics, out: TextIO) -> None:
     _waiters(forensics, out)
     _holders(forensics, out)
     _contended(forensics, out)
+    _table_holders(forensics, out)
 
 
 def _waiters(forensics: Forensics, out: TextIO) -> None:
@@ -124,6 +125,28 @@ def _contended(forensics: Forensics, out: TextIO) -> None:
                 ",".join(f"{pid}:{mode}" for pid, mode in key.waiters),
             )
             for key in forensics.contended
+        ],
+        out,
+    )
+
+
+def _table_holders(forensics: Forensics, out: TextIO) -> None:
+    """Who holds the most of the shared lock table, whatever they lock."""
+    if not forensics.table_holders:
+        return
+    out.write("\n  Most lock table entries, all lock types\n")
+    table(
+        [("PID", "ENTRIES", "DATABASE", "APPLICATION", "STATE", "TO END IT")]
+        + [
+            (
+                str(holder.pid),
+                f"{holder.entries:,}",
+                holder.datname,
+                repr(holder.application_name),
+                state_word(holder.state, False),
+                holder.terminate,
+            )
+            for holder in forensics.table_holders
         ],
         out,
     )

@@ -17,8 +17,8 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from pg_advisory_exporter import __version__
+from pg_advisory_exporter.collect.collection import Collection
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Priority, Task
-from pg_advisory_exporter.collect.server import Collection
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.fleet.sharding import Shard
 from pg_advisory_exporter.metrics import Sample, build_info, families

@@ -49,6 +49,19 @@ local t = import '../lib/thresholds.libsonnet';
             },
           },
           {
+            alert: 'PgLockTableFull',
+            expr: 'pg_advisory_lock_table_full' + t.selectorAlone($._config.selector) + ' == 1',
+            'for': '0s',
+            labels: {
+              severity: 'critical',
+            },
+            annotations: {
+              summary: 'The lock table of {{ $labels.target }} is full',
+              description: 'The shared lock table of {{ $labels.target }} is full: its entries have reached its capacity, or the server refused the exporter\'s read because it is (out of shared memory). No session can take a lock it does not hold yet, and no new connection can start: queries fail with ERROR: out of shared memory.{{ with printf "pg_advisory_lock_table_top_application_entries{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }}{{ with first . }} The application holding the most entries is {{ .Labels.application_name }} in database {{ .Labels.datname }}, with {{ .Value | printf "%.0f" }}.{{ end }}{{ end }} End the holder (pg_terminate_backend, on a connection that is already open) or raise max_locks_per_transaction (a restart).{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
+              runbook_url: $._config.runbook_url + '#pglocktablefull',
+            },
+          },
+          {
             alert: 'PgLockTableNearlyFull',
             expr: 'pg_advisory_lock_table_entries' + t.selectorAlone($._config.selector) + ' / pg_advisory_lock_table_capacity' + t.selectorAlone($._config.selector) + ' > ' + t.number($._config.lock_table_warning),
             'for': t.duration($._config.lock_table_for),
@@ -115,7 +128,7 @@ local t = import '../lib/thresholds.libsonnet';
           },
           {
             alert: 'PgAdvisoryTargetDown',
-            expr: 'pg_advisory_up' + t.selectorAlone($._config.selector) + ' == 0 and on (job, instance, target' + t.groupLabels($._config.group_labels) + ') pg_advisory_exporter_collect_duration_seconds' + t.selectorAlone($._config.selector),
+            expr: 'pg_advisory_up' + t.selectorAlone($._config.selector) + ' == 0 and on (job, instance, target' + t.groupLabels($._config.group_labels) + ') pg_advisory_exporter_collect_duration_seconds' + t.selectorAlone($._config.selector) + ' unless on (job, instance, target' + t.groupLabels($._config.group_labels) + ') pg_advisory_lock_table_full' + t.selectorAlone($._config.selector) + ' == 1',
             'for': t.duration($._config.target_down_for),
             labels: {
               severity: 'critical',
@@ -258,14 +271,14 @@ local t = import '../lib/thresholds.libsonnet';
           },
           {
             alert: 'PgLockTableOutOfSharedMemory',
-            expr: 'sum by (job, instance, target' + t.groupLabels($._config.group_labels) + ') ((increase(pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + '[' + t.duration($._config.out_of_shared_memory_window) + ']) > 0) or ((pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + ' unless pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.out_of_shared_memory_window) + ') and on (job, target) pg_advisory_log_up' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.out_of_shared_memory_window) + ') - 0) > 0',
+            expr: 'sum by (job, instance, target' + t.groupLabels($._config.group_labels) + ') ((increase(pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + '[' + t.duration($._config.out_of_shared_memory_window) + ']) > 0) or ((pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + ' unless pg_advisory_log_out_of_shared_memory_total' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.out_of_shared_memory_window) + ') and on (job, target) pg_advisory_log_up' + t.selectorAlone($._config.selector) + ' offset ' + t.duration($._config.out_of_shared_memory_window) + ') - 0) > 0 unless on (job, instance, target' + t.groupLabels($._config.group_labels) + ') (max_over_time(pg_advisory_lock_table_full' + t.selectorAlone($._config.selector) + '[' + t.duration($._config.out_of_shared_memory_window) + ']) == 1 or max_over_time(pg_advisory_lock_table_full' + t.selectorAlone($._config.selector) + '[' + t.duration($._config.out_of_shared_memory_window) + '] offset ' + t.duration($._config.out_of_shared_memory_window) + ') == 1)',
             'for': '0s',
             labels: {
               severity: 'critical',
             },
             annotations: {
               summary: 'The lock table of {{ $labels.target }} was full: statements could not take a lock',
-              description: 'Statements on {{ $labels.target }} failed because the shared lock table was full: {{ $value | printf "%.0f" }} in the last ' + t.duration($._config.out_of_shared_memory_window) + ', as the server logged (ERROR: out of shared memory, a hint to raise max_locks_per_transaction). Queries have failed, whatever the table holds now; every lock type shares it. pg_advisory_log_out_of_shared_memory_total says which applications failed.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
+              description: 'Statements on {{ $labels.target }} failed because the shared lock table was full: {{ $value | printf "%.0f" }} in the last ' + t.duration($._config.out_of_shared_memory_window) + ', as the server logged (ERROR: out of shared memory, a hint to raise max_locks_per_transaction). Queries have failed, whatever the table holds now; every lock type shares it. pg_advisory_log_out_of_shared_memory_total says which applications failed. It stays quiet where the exporter saw the table full: PgLockTableFull paged.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
               runbook_url: $._config.runbook_url + '#pglocktableoutofsharedmemory',
             },
           },
