@@ -256,34 +256,34 @@ def row_locked(pg: EmbeddedPostgres, database: str) -> contextlib.AbstractContex
     )
 
 
+def _until_counted(pg: EmbeddedPostgres, query: str, arguments: tuple[Any, ...], what: str) -> None:
+    """Wait until `query` (a count) counts something."""
+    with pg.connect() as admin:
+        wait_until(lambda: admin.execute(query, arguments).fetchone() != (0,), WAIT, what)
+
+
 def blocked(pg: EmbeddedPostgres, database: str, application_name: str) -> None:
     """Wait until a backend of `application_name` in `database` waits for some lock."""
-    query = (
+    _until_counted(
+        pg,
         "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-        " WHERE NOT l.granted AND a.datname = %s AND a.application_name = %s"
+        " WHERE NOT l.granted AND a.datname = %s AND a.application_name = %s",
+        (database, application_name),
+        f"{application_name} waiting for a lock in {database}",
     )
-    with pg.connect() as admin:
-        wait_until(
-            lambda: admin.execute(query, (database, application_name)).fetchone() != (0,),
-            WAIT,
-            f"{application_name} waiting for a lock in {database}",
-        )
 
 
 def blocked_by(pg: EmbeddedPostgres, database: str, pid: int) -> None:
     """Wait until a backend in `database` waits for a lock that backend `pid` holds: a tool's
     migration has reached the row the test locked, the state it stays in until the test lets
     go (the moments before it, a tool's own queries and transactions, are not)."""
-    query = (
+    _until_counted(
+        pg,
         "SELECT count(*) FROM pg_stat_activity"
-        " WHERE datname = %s AND %s = ANY (pg_blocking_pids(pid))"
+        " WHERE datname = %s AND %s = ANY (pg_blocking_pids(pid))",
+        (database, pid),
+        f"a backend in {database} waiting behind backend {pid}",
     )
-    with pg.connect() as admin:
-        wait_until(
-            lambda: admin.execute(query, (database, pid)).fetchone() != (0,),
-            WAIT,
-            f"a backend in {database} waiting behind backend {pid}",
-        )
 
 
 def advisory_locks(pg: EmbeddedPostgres, database: str) -> list[tuple[Any, ...]]:

@@ -3,17 +3,20 @@ and a table filled to it (a hard limit from PostgreSQL 19)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import psycopg
 import pytest
-from support import PG_MAJOR, OneTarget, Session, StartExporter
+from support import PG_MAJOR, OneTarget, Session, StartExporter, snapshot_of
 
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.collect.capacity import (
     CapacitySettings,
     lock_table_capacity,
     max_backends,
+    refused_for_full_table,
 )
-from pg_advisory_exporter.collect.snapshot import read_snapshot
+from pg_advisory_exporter.collect.snapshot import ServerSnapshot, read_snapshot
 
 # One backend's entries by kind, read from pg_locks row by row: the oracle for the counts
 # the collection statement derives (every entry less the fast-path ones, less the others).
@@ -182,3 +185,62 @@ def test_entries_leave_out_fast_path_locks_and_count_advisory_ones_apart(
     assert backend.share_entries == 1
     assert backend.in_transaction
     holder.rollback()
+
+
+def _at(entries: int, version: int = 150000, refused_at: int | None = None) -> ServerSnapshot:
+    settings = CapacitySettings(
+        server_version_num=version,
+        autovacuum_worker_slots=16 if version >= 180000 else None,
+        **DEFAULTS,
+    )
+    return dataclasses.replace(
+        snapshot_of(),
+        capacity_settings=settings,
+        lock_table_entries=entries,
+        refused_at=refused_at,
+    )
+
+
+def test_a_table_is_full_with_less_room_than_one_backends_budget() -> None:
+    capacity = 64 * 122  # 7808 on 15, max_locks_per_transaction 64
+    assert not _at(capacity - 64).lock_table_full  # room for one backend's budget
+    assert _at(capacity - 63).lock_table_full
+    assert _at(2 * capacity).lock_table_full  # before 19, past it on spare memory
+    # Room to read the list of databases (an entry, for a moment): below 90% and not full.
+    assert _at(int(0.9 * capacity) - 1).room_to_read
+    assert not _at(int(0.9 * capacity) + 1).room_to_read
+    assert not _at(capacity).room_to_read
+
+
+def test_a_table_refused_below_its_capacity_is_full_at_that_size() -> None:
+    """Before 19 a table whose spare memory earlier growth took can refuse below capacity:
+    where the server refused the exporter an entry, that size is full."""
+    assert _at(338, refused_at=338).lock_table_full
+    assert _at(400, refused_at=338).lock_table_full
+    assert not _at(337, refused_at=338).lock_table_full
+    assert _at(337, refused_at=338).room_to_read
+    # A version whose size is not verified: full only as refused, and then no more reads.
+    assert not _at(10**6, version=200000).lock_table_full
+    assert _at(10**6, version=200000).room_to_read
+    assert _at(500, version=200000, refused_at=500).lock_table_full
+    assert not _at(500, version=200000, refused_at=500).room_to_read
+
+
+@pytest.mark.parametrize(
+    ("message", "full"),
+    [
+        # A new connection refused at full: libpq's text, without its SQLSTATE.
+        ('connection failed: FATAL:  out of shared memory\nHINT:  You might need to increase'
+         " max_locks_per_transaction.", True),
+        ('FATAL:  out of shared memory\nHINT:  You might need to increase'
+         ' "max_locks_per_transaction".', True),  # 18 and later quote it
+        ("FATAL:  Speicher aufgebraucht\nTIP:  Erhöhen Sie eventuell max_locks_per_transaction.",
+         True),  # translated: the setting's name is not
+        ("ERROR:  out of shared memory\nHINT:  You might need to increase"
+         " max_pred_locks_per_transaction.", False),  # the predicate lock table's
+        ("FATAL:  password authentication failed for user \"monitor\"", False),
+    ],
+)  # fmt: skip
+def test_a_refusal_for_the_full_table_is_told_by_its_hint(message: str, full: bool) -> None:
+    assert refused_for_full_table(psycopg.OperationalError(message)) is full
+    assert not refused_for_full_table(ValueError(message))  # not the server's

@@ -341,8 +341,9 @@ class Server:
         snapshot = read_snapshot(conn, self._connection.registry, self._connection.databases)
         if refused:  # full at what this read counts
             self._refused_at = snapshot.lock_table_entries
+        snapshot = dataclasses.replace(snapshot, refused_at=self._refused_at)
         self._room = snapshot.room_to_read
-        return dataclasses.replace(snapshot, refused_at=self._refused_at)
+        return snapshot
 
     def _claim(self, identity: ServerIdentity | None) -> None:
         """At each new connection: tell the directory which running server it reached; if a

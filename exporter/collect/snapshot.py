@@ -269,8 +269,11 @@ class ServerSnapshot:
     @property
     def room_to_read(self) -> bool:
         """Whether the lock table has room for the exporter to take an entry for a moment
-        (to read the list of databases, a shared catalog): below ROOM_TO_READ of capacity."""
+        (to read the list of databases, a shared catalog): not full, and below ROOM_TO_READ
+        of its capacity where that is known."""
         capacity = self.lock_table_capacity
+        if self.lock_table_full:
+            return False
         return capacity is None or self.lock_table_entries < ROOM_TO_READ * capacity
 
     @property
