@@ -567,9 +567,9 @@ def pgqueuer_takes_its_locks(
             client = start_client("pgq upgrade", [pgq, "upgrade"], env)
             waiter = upgrade.awaited(client)
         # Its session lock once its wait ended: until the statement that waited is done, the
-    # backend still shows that statement's transaction (check_level's session case).
-    holder = upgrade.held(client, lambda row: row["xact_start"] != waiter["xact_start"])
-    check_level(holder, "session", waiter)
+        # backend still shows that statement's transaction (check_level's session case).
+        holder = upgrade.held(client, lambda row: row["xact_start"] != waiter["xact_start"])
+        check_level(holder, "session", waiter)
     assert "Applied 1 statement" in client.finish()
     upgrade.gone()
 

@@ -338,6 +338,9 @@ class Server:
         self._claim(self._connection.identity)
         self._said.changed("reads through", None)  # it reads on its own (again)
         refused = self._connection.list_databases(conn, self._room)
+        last = self._collections.last()
+        if last is not None and last.snapshot is not None:
+            self._connection.warm_up(conn, last.snapshot.lock_table_entries)
         snapshot = read_snapshot(conn, self._connection.registry, self._connection.databases)
         if refused:  # full at what this read counts
             self._refused_at = snapshot.lock_table_entries
