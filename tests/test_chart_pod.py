@@ -164,7 +164,8 @@ def test_the_rendered_pod_runs_and_exports(
 
     leaked = session("billing-worker")
     leaked.execute("SELECT pg_advisory_lock(7310001)")
-    podman.run("kube", "play", "--network", "host", str(manifest), timeout=180)
+    # Seconds on a quiet machine; past 180 s once beside two busy loops and a test run.
+    podman.run("kube", "play", "--network", "host", str(manifest), timeout=900)
     try:
         last: list[Scrape] = []
 
@@ -231,7 +232,8 @@ def test_two_shards_of_the_chart_split_the_targets(
     assert all(expected), expected  # both shards have targets, or the test shows little
 
     before = _exporter_backends(pg)
-    podman.run("kube", "play", "--network", "host", str(manifest), timeout=180)
+    # Seconds on a quiet machine; past 180 s once beside two busy loops and a test run.
+    podman.run("kube", "play", "--network", "host", str(manifest), timeout=900)
     try:
         last: list[Scrape] = []
 
