@@ -8,6 +8,7 @@ import pytest
 from support import IDLE, snapshot_of
 
 from pg_advisory_exporter.collect.series import server_samples
+from pg_advisory_exporter.collect.snapshot import ExtensionLocks
 from pg_advisory_exporter.keys.appnames import RewriteRule
 from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.keys.registry import Registry
@@ -23,6 +24,25 @@ def test_every_sample_matches_its_spec() -> None:
     samples = server_samples("main", snapshot_of(IDLE, waiter), [], 100).samples
     for sample in samples:
         assert len(sample.labels) == len(SPECS[sample.name].labels), sample
+
+
+def test_extensions_locks_are_summed_by_database_extension_and_grant() -> None:
+    extension_locks = (
+        ExtensionLocks("app", "citus", held=3, awaited=1),
+        ExtensionLocks("app", "citus", held=2, awaited=0),
+        ExtensionLocks("other", "timescaledb", held=1, awaited=0),
+    )
+    snapshot = replace(snapshot_of(IDLE), extension_locks=extension_locks)
+    samples = server_samples("main", snapshot, [], 100).samples
+    assert _values(samples, "pg_advisory_extension_locks") == {
+        ("main", "app", "citus", "true"): 5,
+        ("main", "app", "citus", "false"): 1,
+        ("main", "other", "timescaledb", "true"): 1,
+    }
+    one = server_samples("main", snapshot, [], 100, database="other").samples
+    assert _values(one, "pg_advisory_extension_locks") == {
+        ("main", "other", "timescaledb", "true"): 1
+    }
 
 
 def test_a_waiting_backend_is_a_waiter_not_a_holder() -> None:

@@ -93,6 +93,23 @@ def test_a_wait_counts_once_by_its_key_name(log: Log) -> None:
     assert counted(samples, "pg_advisory_log_lock_waits_total")["orders/job/nightly"] == 3
 
 
+def test_a_wait_for_an_extension_s_own_lock_counts_apart_by_extension(log: Log) -> None:
+    citus = "LOG:  process 20 {verb} ShareLock on advisory lock [5,7,8,5] after {ms} ms"
+    samples = log.write(
+        line(citus.format(verb="still waiting for", ms="1000.000"), "citus-op", 20),
+        line(citus.format(verb="acquired", ms="2500.000"), "citus-op", 20),  # the same wait
+        wait(10, "acquired"),
+    )
+    assert counted(samples, "pg_advisory_log_extension_lock_waits_total") == {
+        "orders/citus-op/citus": 1
+    }
+    # Not the application's waits, nor their time.
+    assert counted(samples, "pg_advisory_log_lock_waits_total") == {"orders/job/nightly": 1}
+    assert counted(samples, "pg_advisory_log_lock_wait_seconds_total") == {
+        "orders/job/nightly": pytest.approx(0.2001)
+    }
+
+
 def test_a_wait_given_up_with_an_error_ends_and_the_next_one_counts(log: Log) -> None:
     """A wait cancelled by lock_timeout (or statement_timeout, a cancel) logs no end, only
     the process's error: a retry loop's next wait for the same key is another wait."""

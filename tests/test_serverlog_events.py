@@ -159,7 +159,7 @@ def test_a_wait_s_logged_duration(after: str, seconds: float) -> None:
         ),
         waiting("relation 16384 of database 5"),
         waiting("transaction 1234"),
-        waiting("advisory lock [5,1,2,3]"),  # no such key form
+        waiting("advisory lock [5,1,2,65536]"),  # past a tag's fourth field (uint16)
         waiting("advisory lock [5,4294967296,0,1]"),  # past an oid
         waiting("advisory lock [5,-1,0,1]"),
         waiting(f"{ADVISORY} or so"),
@@ -179,6 +179,23 @@ def test_a_wait_s_logged_duration(after: str, seconds: float) -> None:
 )
 def test_what_is_no_advisory_lock_wait(record: Record) -> None:
     assert events(record) == []
+
+
+@pytest.mark.parametrize(
+    ("objsubid", "extension"), [(5, "citus"), (16, "citus"), (29749, "timescaledb"), (3, "unknown")]
+)
+def test_a_wait_for_an_extension_s_own_lock_is_kept(objsubid: int, extension: str) -> None:
+    (event,) = events(waiting(f"advisory lock [5,1,2,{objsubid}]"))
+    assert event.kind is Kind.LOCK_WAIT
+    assert event.lock == lock(5, 1, 2, objsubid)
+    assert lock(5, 1, 2, objsubid).extension == extension
+    assert lock(5, 1, 2, 1).extension is None  # an application's key
+
+
+def test_a_deadlock_over_an_extension_s_own_lock_alone_is_not_the_application_s() -> None:
+    assert events(deadlock("advisory lock [5,1,2,29749]")) == []
+    found = events(deadlock("advisory lock [5,1,2,7]", "advisory lock [5,0,7,1]"))
+    assert found == [Event(Kind.DEADLOCK, "db", "app", lock(5, 0, 7, 1))]
 
 
 def test_a_wait_logged_with_its_location() -> None:

@@ -265,6 +265,7 @@ def server_samples(
     ]
     for (datname, application), group in sorted(groups.items()):
         samples += _group_samples((target, datname, application), group)
+    samples += _extension_samples(target, snapshot, database)
     samples += _key_samples(target, snapshot, registry, holds, database)
     folded = [folding.label(name) for name in names]
     samples += _pooler_samples(target, backends, folded, poolers, server_wide)
@@ -289,6 +290,20 @@ def _group_samples(labels: tuple[str, str, str], group: _Group) -> list[Sample]:
         Sample("pg_advisory_waiters", labels, group.waiters),
         Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),
         Sample("pg_advisory_backend_locks_max", labels, group.backend_locks_max),
+    ]
+
+
+def _extension_samples(target: str, snapshot: ServerSnapshot, database: str | None) -> list[Sample]:
+    """Extensions' own advisory-tag locks, by database, extension and whether granted."""
+    counts: dict[tuple[str, str, str], int] = defaultdict(int)
+    for locks in snapshot.extension_locks:
+        if database is None or locks.datname == database:
+            for granted, entries in (("true", locks.held), ("false", locks.awaited)):
+                if entries:
+                    counts[locks.datname, locks.extension, granted] += entries
+    return [
+        Sample("pg_advisory_extension_locks", (target, *labels), entries)
+        for labels, entries in sorted(counts.items())
     ]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pg_advisory_exporter.keys.extension_tags import extension_of
 from pg_advisory_exporter.keys.registry import NO_KEYS, RegisteredKey, Registry
 
 from .capacity import CapacitySettings, lock_table_capacity
@@ -44,6 +45,11 @@ from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK, certainly_session_level, sta
 # - Table and advisory entries are every entry less the fast-path and the other entries:
 #   an advisory lock, the row there can be 100,000 of, is then counted once, not twice
 #   (one transition call less per row: about 0.02x the bare count at 100,000 locks).
+# - An advisory-tag lock whose objsubid is neither 1 nor 2 is an extension's own
+#   (keys/extension_tags.py): it is one of the other entries, counted apart, never one of the
+#   application's advisory locks. Each of its three aggregates costs a row an integer
+#   comparison that fails at once for the application's keys. A backend is named by its
+#   highest code: one backend holding two extensions' locks is not a case met.
 # - activity is used twice (the backends with advisory locks, and the lock table's entries
 #   by application): a CTE used twice is computed once.
 # - state_change is NULL where privileges hide it, so state_seconds is NULL there too, as are
@@ -60,11 +66,18 @@ WITH lock_groups AS (
         l.pid,
         count(*) AS entries,
         count(*) FILTER (WHERE l.fastpath) AS fastpath_entries,
-        count(*) FILTER (WHERE l.locktype <> 'advisory') AS other_entries,
-        count(*) FILTER (WHERE l.mode = 'ShareLock' AND l.locktype = 'advisory') AS share_entries,
-        max(l.mode) FILTER (WHERE NOT l.granted AND l.locktype = 'advisory') AS awaited_mode,
+        count(*) FILTER (WHERE l.locktype <> 'advisory' OR l.objsubid > 2) AS other_entries,
+        count(*) FILTER (WHERE l.mode = 'ShareLock' AND l.locktype = 'advisory'
+                           AND l.objsubid <= 2) AS share_entries,
+        max(l.mode) FILTER (WHERE NOT l.granted AND l.locktype = 'advisory'
+                              AND l.objsubid <= 2) AS awaited_mode,
         min(l.waitstart) AS wait_start,
-        count(l.virtualxid) AS virtualxid_locks{key_codes}
+        count(l.virtualxid) AS virtualxid_locks,
+        count(*) FILTER (WHERE l.objsubid > 2 AND l.locktype = 'advisory') AS extension_entries,
+        count(*) FILTER (WHERE l.objsubid > 2 AND NOT l.granted AND l.locktype = 'advisory')
+            AS extension_awaited,
+        max(l.objsubid) FILTER (WHERE l.objsubid > 2 AND l.locktype = 'advisory')
+            AS extension_tag{key_codes}
     FROM pg_catalog.pg_lock_status() AS l
     GROUP BY l.pid
 ),
@@ -77,6 +90,9 @@ backend_locks AS (
         awaited_mode,
         wait_start,
         virtualxid_locks > 0 AS in_transaction,
+        extension_entries,
+        extension_awaited,
+        extension_tag,
         {registered_keys} AS registered_keys
     FROM lock_groups
 ),
@@ -109,7 +125,8 @@ SELECT
     END AS wait_seconds
 FROM totals AS t
 LEFT JOIN (backend_locks AS b JOIN activity AS a ON a.pid = b.pid)
-       ON b.advisory_entries > 0 AND b.pid <> pg_catalog.pg_backend_pid()
+       ON (b.advisory_entries > 0 OR b.extension_entries > 0)
+          AND b.pid <> pg_catalog.pg_backend_pid()
 """
 
 
@@ -196,6 +213,16 @@ class BackendLocks:
         return self.held_share + self.held_exclusive
 
 
+@dataclass(frozen=True)
+class ExtensionLocks:
+    """One backend's advisory-tag locks of an extension's own (keys/extension_tags.py)."""
+
+    datname: str
+    extension: str
+    held: int
+    awaited: int
+
+
 def counted_uses(backend: BackendLocks, registry: Registry) -> list[tuple[RegisteredKey, KeyUse]]:
     """The backend's registered keys, in the databases each key is registered for."""
     if not backend.registered:  # most backends: once per backend and collection
@@ -232,6 +259,7 @@ class ServerSnapshot:
     # The lock table's entries (all lock types) by database and application (reads.py).
     table_entries_by_application: tuple[ApplicationEntries, ...] = ()
     lock_waits: LockWaits | None = None  # PostgreSQL 19's count of them (reads.py)
+    extension_locks: tuple[ExtensionLocks, ...] = ()
     # The entries the table held when the server last refused the exporter one (its list of
     # databases), on this connection: the table's real size, where it is below capacity.
     refused_at: int | None = None
@@ -322,6 +350,16 @@ def _backend(row: Mapping[str, Any], databases: Databases) -> BackendLocks:
     )
 
 
+def _extension_locks(row: Mapping[str, Any], databases: Databases) -> ExtensionLocks:
+    awaited = row["extension_awaited"]
+    return ExtensionLocks(
+        datname=databases.name(row["datid"]),
+        extension=extension_of(row["extension_tag"]),
+        held=row["extension_entries"] - awaited,
+        awaited=awaited,
+    )
+
+
 def read_snapshot(
     conn: psycopg.Connection[Any], registry: Registry = NO_KEYS, databases: Databases = NO_DATABASES
 ) -> ServerSnapshot:
@@ -337,5 +375,8 @@ def read_snapshot(
         **mapped(version, first, databases),
         lock_table_entries=first["lock_table_entries"],
         backend_table_entries_max=first["backend_table_entries_max"],
-        backends=tuple(_backend(row, databases) for row in rows if row["pid"] is not None),
+        backends=tuple(_backend(row, databases) for row in rows if row["advisory_entries"]),
+        extension_locks=tuple(
+            _extension_locks(row, databases) for row in rows if row["extension_entries"]
+        ),
     )

@@ -44,7 +44,9 @@ TABLE_HOLDERS = 10
 # - pg_locks is read once, in forensic_locks: every CTE after reads it from there, and
 #   MATERIALIZED makes sure the planner never inlines it into each use, which would read
 #   pg_locks again. advisory_locks keeps its advisory rows, read twice (NOT MATERIALIZED: two
-#   scans of the rows kept, not a second copy of them).
+#   scans of the rows kept, not a second copy of them): the application's keys, objsubid 1
+#   or 2, not an extension's own advisory-tag locks (keys/extension_tags.py), which count
+#   among a backend's lock-table entries in table_holders only.
 # - table_holders: the backends holding the most entries of the shared lock table, of every
 #   lock type (a job's advisory locks, or a query's locks on thousands of partitions): who
 #   fills it. Its one row is joined with the backends' (a row of NULLs where none holds an
@@ -77,7 +79,7 @@ WITH forensic_locks AS MATERIALIZED (
     FROM pg_catalog.pg_lock_status() AS l
 ),
 advisory_locks AS NOT MATERIALIZED (
-    SELECT * FROM forensic_locks WHERE locktype = 'advisory'
+    SELECT * FROM forensic_locks WHERE locktype = 'advisory' AND objsubid <= 2
 ),
 awaited_keys AS (
     SELECT DISTINCT database, classid, objid, objsubid

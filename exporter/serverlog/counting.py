@@ -47,6 +47,9 @@ _COUNTERS = {
     events.Kind.LOCK_WAIT_ENDED: "pg_advisory_log_lock_wait_seconds_total",
 }
 _BY_KEY = frozenset({events.Kind.LOCK_WAIT, events.Kind.LOCK_WAIT_ENDED})
+# A wait for an extension's own lock (keys/extension_tags.py) counts here, by extension, and
+# its duration nowhere: it is none of the application's waits.
+_EXTENSION_WAITS = "pg_advisory_log_extension_lock_waits_total"
 _NONE = object()  # no open wait for a process (a wait's lock may itself be None)
 
 
@@ -168,7 +171,10 @@ class ServerLog:
             self._databases.label(database),
             self._applications.label(application),
         )
-        return (*labels, self._key_name(event, database)) if event.kind in _BY_KEY else labels
+        if event.kind not in _BY_KEY:
+            return labels
+        extension = None if event.lock is None else event.lock.extension
+        return (*labels, extension if extension is not None else self._key_name(event, database))
 
     def _count(self, event: events.Event, pid: int | None, labels: tuple[str, ...]) -> None:
         """With the lock held: add one event to its counter. A wait counts once, at the first
@@ -178,16 +184,19 @@ class ServerLog:
             self._counts[_COUNTERS[event.kind], labels] += 1
             return
         begun = self._open_waits.get(pid, _NONE) == event.lock
+        extension = event.lock is not None and event.lock.extension is not None
         if event.kind is events.Kind.LOCK_WAIT_ENDED:
             self._open_waits.pop(pid, None)
-            self._counts[_COUNTERS[event.kind], labels] += event.seconds or 0.0
+            if not extension:
+                self._counts[_COUNTERS[event.kind], labels] += event.seconds or 0.0
         elif not begun:
             self._open_waits.pop(pid, None)  # re-inserted last: the oldest go first
             self._open_waits[pid] = event.lock
             if len(self._open_waits) > _OPEN_WAITS:
                 del self._open_waits[next(iter(self._open_waits))]
         if not begun:
-            self._counts[_COUNTERS[events.Kind.LOCK_WAIT], labels] += 1
+            waits = _EXTENSION_WAITS if extension else _COUNTERS[events.Kind.LOCK_WAIT]
+            self._counts[waits, labels] += 1
 
     def _key_name(self, event: events.Event, database: str) -> str:
         """The registry's name of the awaited key ("" where it has none)."""

@@ -22,7 +22,10 @@ an English locale; ereport's messages are translated, elog's are not), from the 
 
 A lock is DescribeLockTag's "advisory lock [%u,%u,%u,%u]": the database OID, the key's high
 32 bits (or first int4), its low 32 bits (or second int4), 1 for a bigint key or 2 for two
-int4 keys; it is read only where the wording puts a lock, never from a query's text.
+int4 keys; it is read only where the wording puts a lock, never from a query's text. Any
+other fourth number is an extension's own lock (keys/extension_tags.py): its waits are
+events of their own (counted by extension), and a deadlock over it alone is the extension's,
+not the application's.
 
 A client can RAISE any message, SQLSTATE, detail and hint. Only the location tells its
 report from the server's: with log_error_verbosity = verbose a record carries it, and a
@@ -36,7 +39,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
+from pg_advisory_exporter.keys.extension_tags import extension_of, is_application_key
+from pg_advisory_exporter.keys.key import AdvisoryKey
 
 from .records import Record
 
@@ -62,6 +66,11 @@ class LockTag:
     def key(self) -> AdvisoryKey:
         """The key the application passed."""
         return AdvisoryKey.from_oids(self.classid, self.objid, self.objsubid)
+
+    @property
+    def extension(self) -> str | None:
+        """The extension whose own lock this is; None for an application's key."""
+        return None if is_application_key(self.objsubid) else extension_of(self.objsubid)
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,7 @@ def _deadlock(record: Record) -> _Found | None:
         waits = _WAITS_FOR.fullmatch(line)
         if waits is None:  # past the cycle: the queries, which could say anything
             return None
-        if (lock := _lock(waits.group(1))) is not None:
+        if (lock := _lock(waits.group(1))) is not None and lock.extension is None:
             return lock, None
     return None
 
@@ -167,7 +176,8 @@ def _lock(description: str) -> LockTag | None:
     if found is None:
         return None
     database, classid, objid, objsubid = (int(part) for part in found.groups())
-    if max(database, classid, objid) >= 1 << 32 or objsubid not in (BIGINT_KEY, INT_PAIR_KEY):
+    # The tag's fourth field is a uint16 (lock.h, locktag_field4).
+    if max(database, classid, objid) >= 1 << 32 or objsubid >= 1 << 16:
         return None
     return LockTag(database, classid, objid, objsubid)
 
