@@ -524,18 +524,13 @@ def _lock_table() -> list[PanelBuilder]:
     return [
         _timeseries(
             "Lock table entries against capacity",
-            "Entries in the shared lock table (all lock types) and its nominal capacity, and "
-            "among them the locks extensions take for themselves (Citus, TimescaleDB). "
+            "Entries in the shared lock table (all lock types) and its nominal capacity. "
             f"PgLockTableNearlyFull warns at {ALERTS.lock_table_warning:.0%} and pages at "
             f"{ALERTS.lock_table_critical:.0%}: the next panel shows who holds the most.",
             "short",
             [
                 Query(sel("pg_advisory_lock_table_entries"), "entries on {{target}}"),
                 Query(sel("pg_advisory_lock_table_capacity"), "capacity of {{target}}"),
-                Query(
-                    f"sum by (target, extension) ({sel('pg_advisory_extension_locks')})",
-                    "{{extension}}'s own advisory-tag locks on {{target}}",
-                ),
             ],
             width=8,
         ),
@@ -630,15 +625,9 @@ def _server_log() -> list[PanelBuilder]:
             "Logged waits by key",
             "Waits for an advisory lock that outlived deadlock_timeout (log_lock_waits), those "
             "that ended before any scrape too, by the registry's name of the key (empty for "
-            "a key it lacks), and apart the waits for an extension's own locks.",
+            "a key it lacks).",
             "short",
-            [
-                Query(waits, "waits: " + of_key),
-                Query(
-                    _logged("pg_advisory_log_extension_lock_waits_total", f"{GROUP}, extension"),
-                    "waits for {{extension}}'s own lock: " + OF_APPLICATION,
-                ),
-            ],
+            [Query(waits, "waits: " + of_key)],
             width=12,
         ),
         _timeseries(

@@ -164,9 +164,11 @@ def test_the_rendered_pod_runs_and_exports(
 
     leaked = session("billing-worker")
     leaked.execute("SELECT pg_advisory_lock(7310001)")
-    # Seconds on a quiet machine; past 180 s once beside two busy loops and a test run.
-    podman.run("kube", "play", "--network", "host", str(manifest), timeout=900)
     try:
+        # Seconds on a quiet machine; past 180 s once beside two busy loops and a test run,
+        # when its pod, left behind, made the next run's play fail: `kube down` below runs
+        # whatever play did.
+        podman.run("kube", "play", "--network", "host", str(manifest), timeout=900)
         last: list[Scrape] = []
 
         def exported() -> bool:
@@ -232,9 +234,11 @@ def test_two_shards_of_the_chart_split_the_targets(
     assert all(expected), expected  # both shards have targets, or the test shows little
 
     before = _exporter_backends(pg)
-    # Seconds on a quiet machine; past 180 s once beside two busy loops and a test run.
-    podman.run("kube", "play", "--network", "host", str(manifest), timeout=900)
     try:
+        # Seconds on a quiet machine; past 180 s once beside two busy loops and a test run,
+        # when its pod, left behind, made the next run's play fail: `kube down` below runs
+        # whatever play did.
+        podman.run("kube", "play", "--network", "host", str(manifest), timeout=900)
         last: list[Scrape] = []
 
         def every_own_target_up() -> bool:
