@@ -681,8 +681,12 @@ def hadolint() -> str:
 
 
 @pytest.fixture(scope="session")
-def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
-    return Podman.prepare(tmp_path_factory.mktemp("podman"))
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
+    podman = Podman.prepare(tmp_path_factory.mktemp("podman"))
+    try:
+        yield podman
+    finally:
+        podman.clean()
 
 
 @pytest.fixture(scope="session")

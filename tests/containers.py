@@ -64,12 +64,20 @@ _BASE_CHANGES = (
 
 # podman on this machine: crun refuses its hybrid cgroups, and without CAP_SYS_RESOURCE no
 # ulimit may be set, so the runtime is runc and this configuration sets none.
+# Its pods and containers are the session's own (a database under the session's folder) and
+# locked with files, which die with their process: podman's default locks live in shared
+# memory, and one killed at a timeout while it held one left it held, so that every later
+# `kube play` on the machine that drew the same lock hung, in every later run, until `podman
+# system renumber`. Images stay in the machine's storage, where the next session reuses them.
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = []
 pids_limit = 0
 [engine]
 cgroup_manager = "cgroupfs"
+lock_type = "file"
+static_dir = "{workdir}/libpod"
+tmp_dir = "{workdir}/run"
 """
 
 
@@ -78,13 +86,27 @@ class Podman:
     """podman with this machine's configuration; `workdir` holds it and the build logs."""
 
     workdir: Path
+    # What the session's containers and pods are named after: the storage of a container
+    # whose creation was killed outlives its process under its name, which no later
+    # session may then take.
+    prefix: str
 
     @classmethod
     def prepare(cls, workdir: Path) -> Podman:
         for program in ("podman", "runc"):
             assert shutil.which(program), f"{program} is not installed (the test command does)"
-        (workdir / "containers.conf").write_text(CONTAINERS_CONF)
-        return cls(workdir)
+        (workdir / "containers.conf").write_text(CONTAINERS_CONF.format(workdir=workdir))
+        return cls(workdir, f"t{uuid.uuid4().hex[:8]}")
+
+    def clean(self) -> None:
+        """Removes the session's pods and containers, and the storage of any whose creation
+        was killed (it is listed under its name, not in the session's database)."""
+        self.run("pod", "rm", "--all", "--force", "--time", "1", check=False)
+        self.run("rm", "--all", "--force", "--time", "1", check=False)
+        listed = self.run("ps", "--all", "--external", "--format", "{{.ID}} {{.Names}}").stdout
+        left = [line.split()[0] for line in listed.splitlines() if self.prefix in line]
+        if left:
+            self.run("rm", "--force", *left, check=False)
 
     def command(self, *args: str) -> list[str]:
         return ["podman", "--runtime", "runc", *args]
@@ -121,7 +143,7 @@ class Podman:
     def container(self, image: str, *args: str, options: tuple[str, ...] = ()) -> Iterator[str]:
         """A detached container of `image` with these podman `options` and command `args`;
         its name. Removed at the end, whatever happened."""
-        name = f"pg-advisory-exporter-test-{uuid.uuid4().hex[:8]}"
+        name = f"{self.prefix}-{uuid.uuid4().hex[:8]}"
         try:
             self.run("run", "--detach", "--name", name, *options, image, *args)
             yield name

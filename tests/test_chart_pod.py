@@ -107,8 +107,9 @@ def _for_podman(documents: list[Document], ports: list[int]) -> list[Document]:
     return played
 
 
-def _render(values: dict[str, Any], *templates: str) -> list[Document]:
-    rendered = Chart.load(str(CHART)).render(values, name="locks", namespace="monitoring")
+def _render(podman: Podman, values: dict[str, Any], *templates: str) -> list[Document]:
+    """The templates rendered as a release named for the session, as are its pods."""
+    rendered = Chart.load(str(CHART)).render(values, name=podman.prefix, namespace="monitoring")
     return [
         doc
         for path, text in rendered.items()
@@ -157,7 +158,7 @@ def test_the_rendered_pod_runs_and_exports(
         },
         "extraArgs": [f"--web.listen-address=127.0.0.1:{port}"],
     }
-    documents = _render(values, "/deployment.yaml", "/configmap.yaml")
+    documents = _render(podman, values, "/deployment.yaml", "/configmap.yaml")
     assert {doc["kind"] for doc in documents} == {"Deployment", "ConfigMap"}
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(yaml.safe_dump_all(_for_podman([*documents, _secret("orders")], [port])))
@@ -165,10 +166,8 @@ def test_the_rendered_pod_runs_and_exports(
     leaked = session("billing-worker")
     leaked.execute("SELECT pg_advisory_lock(7310001)")
     try:
-        # Seconds on a quiet machine; past 180 s once beside two busy loops and a test run,
-        # when its pod, left behind, made the next run's play fail: `kube down` below runs
-        # whatever play did.
-        podman.run("kube", "play", "--network", "host", str(manifest), timeout=900)
+        # Under a second: its hangs were a lock that a killed podman left held (containers.py).
+        podman.run("kube", "play", "--network", "host", str(manifest), timeout=180)
         last: list[Scrape] = []
 
         def exported() -> bool:
@@ -186,7 +185,8 @@ def test_the_rendered_pod_runs_and_exports(
         # The endpoints the chart's probes use answer while the exporter serves.
         assert (_status(port, "/-/healthy"), _status(port, "/-/ready")) == (200, 200)
 
-        container = "locks-pg-advisory-exporter-pod-0-exporter"  # podman's name for it
+        (deployment,) = (doc for doc in documents if doc["kind"] == "Deployment")
+        container = f"{deployment['metadata']['name']}-pod-0-exporter"  # podman's name for it
         inspected = json.loads(podman.run("inspect", container).stdout)[0]
         assert inspected["State"]["Running"]
         assert inspected["HostConfig"]["ReadonlyRootfs"] is True
@@ -226,7 +226,7 @@ def test_two_shards_of_the_chart_split_the_targets(
             ],
         },
     }
-    documents = _render(values, "/statefulset.yaml", "/configmap.yaml")
+    documents = _render(podman, values, "/statefulset.yaml", "/configmap.yaml")
     assert {doc["kind"] for doc in documents} == {"StatefulSet", "ConfigMap"}
     manifest = tmp_path / "shards.yaml"
     manifest.write_text(yaml.safe_dump_all(_for_podman([*documents, _secret("pw")], ports)))
@@ -235,10 +235,8 @@ def test_two_shards_of_the_chart_split_the_targets(
 
     before = _exporter_backends(pg)
     try:
-        # Seconds on a quiet machine; past 180 s once beside two busy loops and a test run,
-        # when its pod, left behind, made the next run's play fail: `kube down` below runs
-        # whatever play did.
-        podman.run("kube", "play", "--network", "host", str(manifest), timeout=900)
+        # Under a second: its hangs were a lock that a killed podman left held (containers.py).
+        podman.run("kube", "play", "--network", "host", str(manifest), timeout=180)
         last: list[Scrape] = []
 
         def every_own_target_up() -> bool:
