@@ -176,14 +176,14 @@ dist: $(INSTALLED)
 # pg_repack (1.4.8) and pg_partman (4.7.2) extensions, which Debian 12 builds for its
 # PostgreSQL 15 only (their tests run on 15). Headless Chromium renders the /locks page.
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager pgbouncer \
-  podman buildah runc catatonit debootstrap \
+  podman buildah runc catatonit debootstrap systemd \
   ruby-activerecord ruby-pg sqitch libdbd-pg-perl postgresql-client chromium \
   postgresql-15-repack postgresql-15-partman
 PG15_EXTENSIONS := /usr/share/postgresql/15/extension
 system-packages:
 	@{ command -v promtool && command -v prometheus-alertmanager && command -v pgbouncer \
 	   && command -v podman && command -v runc && command -v debootstrap && command -v chromium \
-	   && command -v psql && ruby -ractive_record -rpg -e '' 2>/dev/null \
+	   && command -v psql && command -v systemd-socket-activate && ruby -ractive_record -rpg -e '' 2>/dev/null \
 	   && perl -MDBD::Pg -e 1 2>/dev/null && sqitch --version 2>/dev/null \
 	   && test -x /usr/lib/postgresql/15/bin/pg_repack \
 	   && test -e $(PG15_EXTENSIONS)/pg_repack.control \

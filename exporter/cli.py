@@ -134,7 +134,8 @@ def run_daemon(config: Config, reread: Callable[[], Config], web: WebSettings | 
         daemon = Daemon(config, reread, web)
     except OSError as exc:
         log.error(
-            "cannot listen", extra={"address": config.web.listen_address, "error": exc.strerror}
+            "cannot listen",
+            extra={"address": config.web.listen_address, "error": exc.strerror or str(exc)},
         )
         return 1
 

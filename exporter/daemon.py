@@ -76,10 +76,11 @@ class Daemon:
                 self.targets, self.pool, lambda: self.config.shard, web_samples, config_samples
             )
         )
-        ProcessCollector(registry=self.collectors)
+        if not config.web.disable_exporter_metrics:
+            ProcessCollector(registry=self.collectors)
         self.collectors.register(DiscoveredCollector(self._discovered))
         host, port = split_listen_address(config.web.listen_address)
-        self._server = serve(make_app(self), host, port, self._access)
+        self._server = serve(make_app(self), host, port, self._access, config.web.systemd_socket)
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
 
@@ -132,6 +133,10 @@ class Daemon:
     @property
     def lifecycle_enabled(self) -> bool:
         return self.config.web.enable_lifecycle
+
+    @property
+    def max_requests(self) -> int:
+        return self.config.web.max_requests
 
     def targets(self) -> list[Target]:
         return list(self._targets.values())
@@ -257,7 +262,11 @@ class Daemon:
         log.info(
             "listening",
             extra={
-                "address": self.config.web.listen_address,
+                "address": (
+                    "systemd socket {}:{}".format(*self._server.server_address[:2])
+                    if self.config.web.systemd_socket
+                    else self.config.web.listen_address
+                ),
                 "telemetry_path": self.telemetry_path,
                 "targets": ",".join(self._targets),
                 "shard": f"{self.config.shard.index}/{self.config.shard.total}",

@@ -111,12 +111,13 @@ SERVER_FIXTURES = frozenset({"pg", "own_server", "fleet"})
 # Fixtures that run another program: the exporter's daemon or command, Prometheus,
 # Alertmanager, PgBouncer, promtool (each_promtool: of both Prometheus versions), amtool,
 # kubectl, hadolint, podman, Chromium, the real clients of locking libraries (tests/clients.py:
-# npm's and PyPI's, installed into build/), and any command (run_program: pip, the demo's
-# printed command...).
+# npm's and PyPI's, installed into build/), systemd's socket activation tool
+# (tests/test_toolkit_flags.py), and any command (run_program: pip, the demo's printed
+# command...).
 PROGRAM_FIXTURES = frozenset(
     {"start_exporter", "cli", "start_service", "pgbouncer", "promtool", "each_promtool",
      "amtool", "kubectl", "hadolint", "podman", "image", "chromium", "lint_imports",
-     "run_program", "npm_clients", "py_clients", "start_client"}
+     "run_program", "npm_clients", "py_clients", "start_client", "socket_activate"}
 )  # fmt: skip
 
 

@@ -83,6 +83,21 @@ class WebConfig(Strict):
         description="web configuration file in the exporter-toolkit format: TLS, basic auth "
         "users and response headers for every endpoint, read again when it changes",
     )
+    # The exporter-toolkit's flags, with its defaults: operators script them for every exporter.
+    systemd_socket: bool = Field(
+        default=False,
+        description="serve on the TCP socket that systemd's socket activation passes "
+        "(LISTEN_FDS), not on --web.listen-address",
+    )
+    max_requests: int = Field(
+        default=40,
+        ge=0,
+        description="scrapes of the metrics path and /probe answered at once, the next "
+        "refused with 503; 0 for no limit",
+    )
+    disable_exporter_metrics: bool = Field(
+        default=False, description="leave out the metrics of the exporter's process (process_*)"
+    )
 
 
 class LogConfig(Strict):

@@ -45,6 +45,11 @@ class Exported(Protocol):
     @property
     def lifecycle_enabled(self) -> bool: ...
 
+    @property
+    def max_requests(self) -> int:
+        """Scrapes answered at once (--web.max-requests); 0 for no limit."""
+        ...
+
     def targets(self) -> list[Target]: ...
 
     def target(self, name: str) -> Target | None: ...
@@ -175,9 +180,11 @@ class _Endpoints:
         # prometheus_client's app: content negotiation, gzip and name[] filters.
         self.metrics_app = make_wsgi_app(exported.collectors)
         self.locks_at_once = threading.BoundedSemaphore(LOCKS_AT_ONCE)
+        limit = exported.max_requests
+        self.scrapes_at_once = threading.BoundedSemaphore(limit) if limit else None
         self.routes: dict[str, tuple[tuple[str, ...], WsgiApp]] = {
-            exported.telemetry_path: (_READ, self.metrics),
-            PROBE_PATH: (_READ, self.probe),
+            exported.telemetry_path: (_READ, self._limited(self.metrics)),
+            PROBE_PATH: (_READ, self._limited(self.probe)),
             LOCKS_PATH: (_READ, self.locks),
             LANDING_PATH: (_READ, self.landing),
             HEALTH_PATH: (_READ, self.health),
@@ -205,6 +212,28 @@ class _Endpoints:
         # The same answer as GET without its body (prometheus_client's app refuses HEAD).
         handler({**environ, "REQUEST_METHOD": "GET"}, start_response)
         return []
+
+    def _limited(self, handler: WsgiApp) -> WsgiApp:
+        """The scrape handler within --web.max-requests, as promhttp's MaxRequestsInFlight:
+        past it, 503 at once, never a queue that a scrape's timeout runs out in."""
+        limit = self.scrapes_at_once
+        if limit is None:
+            return handler
+
+        def limited(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+            if not limit.acquire(blocking=False):
+                return _text(
+                    start_response,
+                    "503 Service Unavailable",
+                    f"limit of concurrent requests reached ({self.exported.max_requests}), "
+                    "try again later",
+                )
+            try:
+                return handler(environ, start_response)
+            finally:
+                limit.release()
+
+        return limited
 
     def metrics(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
         return _exposition(self.metrics_app, environ, start_response)

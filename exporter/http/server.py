@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from .connections import Connection, Connections
+from .socket_activation import activated_socket
 from .web_access import WebAccess, WsgiApp
 
 log = logging.getLogger(__name__)
@@ -156,19 +157,42 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug(format, *args)
 
 
-def serve(app: WsgiApp, host: str, port: int, access: WebAccess | None = None) -> WSGIServer:
-    """Bind now (so a taken port fails at start-up); the caller runs serve_forever().
+def serve(
+    app: WsgiApp,
+    host: str,
+    port: int,
+    access: WebAccess | None = None,
+    systemd_socket: bool = False,
+) -> WSGIServer:
+    """Bind now (so a taken port fails at start-up), or take the socket that systemd's
+    socket activation passed; the caller runs serve_forever().
 
     With a web configuration, every endpoint is behind it: TLS, users and headers.
     """
+    if access is not None:
+        app = access.guard(app)
+    server = _activated() if systemd_socket else _bound(host, port)
+    server.access = access
+    server.set_app(app)
+    return server
+
+
+def _bound(host: str, port: int) -> _ThreadingServer:
     server_class: type[_ThreadingServer] = _ThreadingServer
     if host == "" and socket.has_dualstack_ipv6():
         server_class, host = _DualStackServer, "::"
     elif ":" in host:
         server_class = _IPv6Server
-    if access is not None:
-        app = access.guard(app)
-    server = server_class((host, port), _QuietHandler)
-    server.access = access
-    server.set_app(app)
+    return server_class((host, port), _QuietHandler)
+
+
+def _activated() -> _ThreadingServer:
+    sock = activated_socket()
+    server_class = _IPv6Server if sock.family == socket.AF_INET6 else _ThreadingServer
+    server = server_class(sock.getsockname(), _QuietHandler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    # What server_bind() would set, but the name: socket.getfqdn() may wait on a resolver.
+    server.server_name, server.server_port = sock.getsockname()[:2]
+    server.setup_environ()
     return server
