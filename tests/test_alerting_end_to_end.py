@@ -47,6 +47,7 @@ from devtools.embedded_postgres import EmbeddedPostgres, free_port
 pytestmark = pytest.mark.any_version
 
 ROOT = Path(__file__).parent.parent
+RUNBOOK = ROOT / "docs" / "runbook.md"
 ARRIVES_WITHIN = 60.0
 
 
@@ -387,6 +388,72 @@ def test_a_long_rails_migration_pages_as_stuck_and_never_as_a_leak(
     )
     assert "has been held for" in stuck["annotations"]["description"]
     assert {a["labels"]["alertname"] for a in webhook.alerts} == {"PgAdvisoryMigrationLockStuck"}
+
+
+# postgres-migrations' migrate(), as its CLI runs it: it takes its lock with
+# pg_try_advisory_lock(-8525285245963000605), retried until it gets it, and migrates on the
+# same connection. The exporter's catalog does not know it.
+POSTGRES_MIGRATIONS_MIGRATE = """
+const { migrate } = require("postgres-migrations")
+migrate({ host: process.env.PGHOST, port: Number(process.env.PGPORT), user: process.env.PGUSER,
+          password: process.env.PGPASSWORD, database: process.env.PGDATABASE }, "migrations")
+  .then(() => console.log("migrated"))
+  .catch((error) => { console.error(error); process.exit(1) })
+"""
+
+
+def _runbook_example(heading: str) -> Any:
+    """The YAML block of the runbook's section under `heading`, as YAML loads it."""
+    section = RUNBOOK.read_text().split(f"\n{heading}\n", 1)[1]
+    return yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+
+
+@pytest.mark.slow
+def test_a_migrator_the_catalog_does_not_know_pages_from_one_registry_entry(
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    pg: EmbeddedPostgres,
+    webhook: Webhook,
+    start_service: StartService,
+    npm_clients: Path,
+    start_client: StartClient,
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    """postgres-migrations, stuck behind a row lock while it holds its migration lock: with
+    one registry entry naming its key, the shipped rules page PgAdvisoryKeyHeldTooLong on
+    how long the key has been held, and nothing else."""
+    # The runbook's worked example, as an operator adds it: one entry of the registry, its
+    # max_hold lowered to seconds.
+    (entry,) = _runbook_example("### A migration tool the catalog does not know")["keys"]
+    assert entry["key"] == -8525285245963000605  # postgres-migrations' (with-lock.js)
+    config = {**one_target(monitor_dsn, name="orders"), "keys": [{**entry, "max_hold": "3s"}]}
+    exporter = start_exporter(config=config)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(
+        cli("rules", "--set", "exporter_job=pg-advisory", "--set", "key_held_too_long_for=1s",
+            "--set", "leaked_lock_after=2s", "--set", "leaked_lock_for=1s", check=True).stdout
+    )  # fmt: skip
+    prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
+    database = fresh_database(pg, "ledger")
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "1_touch-blocker.sql").write_text(
+        "UPDATE blocker SET n = n + 1 WHERE id = 1;\n"
+    )
+    (tmp_path / "migrate.js").write_text(POSTGRES_MIGRATIONS_MIGRATE)
+    with row_locked(pg, database):
+        migrate = start_client(
+            "postgres-migrations", ["node", "migrate.js"], client_environment(pg, database)
+        )
+        stuck = webhook.wait_for("PgAdvisoryKeyHeldTooLong", "firing")
+        assert migrate.running(), "it paged only once the migration had ended"
+        assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []
+    migrate.finish()
+    assert (stuck["labels"]["key"], stuck["labels"]["datname"]) == ("orders_migration", database)
+    assert "longer than the key's max_hold" in stuck["annotations"]["description"]
+    assert {a["labels"]["alertname"] for a in webhook.alerts} == {"PgAdvisoryKeyHeldTooLong"}
+    webhook.wait_for("PgAdvisoryKeyHeldTooLong", "resolved")
 
 
 # Short statements until the test says stop (a row in `stop`), at most a minute of them: the
