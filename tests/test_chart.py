@@ -66,8 +66,8 @@ CRD_MODELS_INSTALL = (
     f"pip install --no-deps --target {CRD_MODELS_DIR} "
     "cloudcoil==0.6.0 cloudcoil-models-prometheus-operator==0.80.1.0"
 )
-OPERATOR_MODELS = "cloudcoil.models.prometheus_operator.v1"
-MONITORING_API = "monitoring.coreos.com/v1"
+OPERATOR_MODELS = "cloudcoil.models.prometheus_operator"
+MONITORING_API = "monitoring.coreos.com/"  # v1, and v1alpha1 for ScrapeConfig
 
 Values = dict[str, Any]
 Document = dict[str, Any]
@@ -306,7 +306,7 @@ def validate_kubernetes(document: Document) -> None:
 
 @parametrize_sets
 def test_core_objects_are_valid_kubernetes(values: Values) -> None:
-    core = [d for d in render(values) if d["apiVersion"] != MONITORING_API]
+    core = [d for d in render(values) if not d["apiVersion"].startswith(MONITORING_API)]
     assert {d["kind"] for d in core} >= {workload(core)["kind"], "Service"}
     for document in core:
         validate_kubernetes(document)
@@ -340,7 +340,13 @@ def _as_the_api_server_checks(node: Any) -> Any:
     return node
 
 
-CRD_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+# Each kind the chart renders, and the API version (the models' module) it is in.
+CRD_KINDS = {
+    "ServiceMonitor": "v1",
+    "PodMonitor": "v1",
+    "PrometheusRule": "v1",
+    "ScrapeConfig": "v1alpha1",
+}
 
 
 def _models_json_schemas() -> dict[str, Any]:
@@ -348,15 +354,20 @@ def _models_json_schemas() -> dict[str, Any]:
     builds two megabytes of pydantic classes (seconds of CPU in every process that runs
     one of these tests), so the schemas are kept beside them, under a name that is the hash
     of the models' source: a reinstall of other models makes them anew."""
-    source = CRD_MODELS_DIR.joinpath(*OPERATOR_MODELS.split(".")).with_suffix(".py")
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    folder = CRD_MODELS_DIR.joinpath(*OPERATOR_MODELS.split("."))
+    sources = b"".join((folder / f"{v}.py").read_bytes() for v in sorted(set(CRD_KINDS.values())))
+    digest = hashlib.sha256(sources).hexdigest()[:16]
     kept = CRD_MODELS_DIR / f"json-schemas-{digest}.json"
     if kept.exists():
         schemas: dict[str, Any] = json.loads(kept.read_text())
         return schemas
     sys.path.append(str(CRD_MODELS_DIR))
-    models = importlib.import_module(OPERATOR_MODELS)
-    schemas = {kind: getattr(models, kind).model_json_schema(by_alias=True) for kind in CRD_KINDS}
+    schemas = {
+        kind: getattr(
+            importlib.import_module(f"{OPERATOR_MODELS}.{version}"), kind
+        ).model_json_schema(by_alias=True)
+        for kind, version in CRD_KINDS.items()
+    }
     partial = kept.with_suffix(f".{os.getpid()}.tmp")  # another worker may write it too
     partial.write_text(json.dumps(schemas))
     partial.replace(kept)
@@ -365,7 +376,7 @@ def _models_json_schemas() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")  # read-only, and costly: once, whatever the order
 def crd_schemas() -> dict[str, Any]:
-    """JSON schemas of ServiceMonitor, PodMonitor and PrometheusRule from their CRDs."""
+    """JSON schemas of CRD_KINDS from their CRDs."""
     assert (CRD_MODELS_DIR / "cloudcoil").is_dir(), (
         f"the CRD models are not installed (the test command installs them): {CRD_MODELS_INSTALL}"
     )
@@ -398,6 +409,7 @@ CRD_CASES: list[tuple[str, str]] = [
     ("sharded", "ServiceMonitor"),  # every shard's /metrics through the headless Service
     ("sharded", "PodMonitor"),
     ("example-sharded-discovery", "ServiceMonitor"),
+    ("scrape-config", "ScrapeConfig"),  # probes through an auth module, routed to shards
 ]
 
 
@@ -408,7 +420,7 @@ def test_prometheus_operator_objects_match_their_crds(
     found = [d for d in render(VALUE_SETS[name]) if d["kind"] == kind]
     assert found, f"the {name} values render no {kind}"
     for document in found:
-        assert document["apiVersion"] == MONITORING_API
+        assert document["apiVersion"] == MONITORING_API + CRD_KINDS[kind]
         validate_crd(document, crd_schemas)
 
 
@@ -417,7 +429,7 @@ def test_every_monitoring_object_is_checked_against_its_crd() -> None:
         (name, document["kind"])
         for name, values in VALUE_SETS.items()
         for document in render(values)
-        if document["apiVersion"] == MONITORING_API
+        if document["apiVersion"].startswith(MONITORING_API)
     }
     assert rendered == set(CRD_CASES)
 
@@ -1415,3 +1427,95 @@ def test_a_real_prometheus_routes_every_database_of_a_server_to_its_shard(
         servers[target.split(".:")[0].lower()].add(routed[target])
     assert servers == {host: {_hashmod(host, shards)} for host in hosts}
     assert set(routed.values()) == set(range(shards))  # every shard gets servers
+
+
+def _snake(name: str) -> str:
+    """A ScrapeConfig field as Prometheus' configuration spells it (sourceLabels:
+    source_labels), as the operator writes it."""
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+def _as_prometheus_job(scrape_config: Document) -> dict[str, Any]:
+    """The job the Prometheus Operator makes of the chart's ScrapeConfig: the fields the chart
+    sets, under Prometheus' names (the operator names the job scrapeConfig/NAMESPACE/NAME;
+    the chart's rules set the `job` label)."""
+    spec = scrape_config["spec"]
+    metadata = scrape_config["metadata"]
+    fields = {"metricsPath", "params", "honorLabels", "scrapeInterval", "scrapeTimeout"}
+    assert set(spec) <= fields | {"staticConfigs", "relabelings", "metricRelabelings"}, spec
+    return {
+        "job_name": f"scrapeConfig/{metadata['namespace']}/{metadata['name']}",
+        **{_snake(name): spec[name] for name in fields & set(spec)},
+        "static_configs": spec["staticConfigs"],
+        "relabel_configs": [
+            {_snake(k): v for k, v in rule.items()} for rule in spec["relabelings"]
+        ],
+        "metric_relabel_configs": [
+            {_snake(k): v for k, v in rule.items()} for rule in spec.get("metricRelabelings", [])
+        ],
+    }
+
+
+@pytest.mark.parametrize("shards", [3, 1])
+def test_a_real_prometheus_probes_through_the_scrape_config(
+    start_service: StartService, tmp_path: Path, shards: int
+) -> None:
+    """The chart's ScrapeConfig, as the operator hands it to Prometheus 3: each discovered
+    server probed at /probe through the auth module, its target in `instance` and the
+    rules' `job`; sharded, at the pod that hashmod of its host picks (every database of a
+    server at one), else at the Service."""
+    values = {**VALUE_SETS["scrape-config"], "sharding": {"shards": shards}}
+    documents = render(values)
+    job = _as_prometheus_job(only(documents, "ScrapeConfig"))
+    (group,) = job["static_configs"]
+    config = {"global": {"scrape_interval": "1h"}, "scrape_configs": [job]}
+    port = start_prometheus(start_service, tmp_path, config)
+    active: list[dict[str, Any]] = []
+
+    def every_target_found() -> bool:
+        url = f"http://127.0.0.1:{port}/api/v1/targets?state=active"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            active[:] = json.load(answer)["data"]["activeTargets"]
+        return len(active) == len(group["targets"])
+
+    wait_until(every_target_found, 30, lambda: f"{group['targets']}, not {active}", 0.5)
+    service = only(documents, "Service")["metadata"]["name"]
+    probed: dict[str, str] = {}
+    for target in active:
+        url = urllib.parse.urlsplit(target["scrapeUrl"])
+        query = urllib.parse.parse_qs(url.query)
+        assert (url.path, query["auth_module"]) == ("/probe", ["fleet"])
+        (name,) = query["target"]
+        labels = target["labels"]
+        assert (labels["instance"], labels["job"], labels["team"]) == (
+            name,
+            Thresholds().exporter_job,
+            "payments",
+        )
+        probed[name] = url.netloc
+    assert sorted(probed) == sorted(group["targets"])
+    for name, address in probed.items():
+        if shards == 1:
+            assert address == f"{service}.{NAMESPACE}.svc:9846"
+        else:
+            pod = f"{RELEASE}-pg-advisory-exporter-{_hashmod(name.split(':')[0], shards)}"
+            assert address == f"{pod}.{service}.{NAMESPACE}.svc:9846"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"authModule": "rds"},
+            r'scrapeConfig.authModule: "rds" is not one of config.auth_modules \(fleet\)',
+        ),
+        ({"authModule": ""}, r'scrapeConfig.authModule: "" is not one of'),
+        ({"discovery": {}}, "scrapeConfig.discovery: give where Prometheus finds the servers"),
+    ],
+    ids=["unknown module", "no module", "no discovery"],
+)
+def test_a_scrape_config_that_cannot_probe_fails_the_render(change: Values, message: str) -> None:
+    values = copy.deepcopy(VALUE_SETS["scrape-config"])
+    values["scrapeConfig"].update(change)
+    with pytest.raises(HelmError, match=message):
+        render_files(values)
