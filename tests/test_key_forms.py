@@ -5,6 +5,7 @@ docs/configuration.md, recomputed. tests/test_key_libraries.py runs the librarie
 from __future__ import annotations
 
 import re
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ def _key(registered: RegisteredKey) -> str:
     ("entry", "message"),
     [
         ({"name": "a", "text": "x", "hash": "crc32", "form": "pair"},
-         "form pair does not fit hash crc32: it can be bigint or namespace"),
+         "form pair does not fit hash crc32: it can be bigint or int or namespace"),
+        ({"name": "a", "text": "x", "hash": "sha256", "form": "int"},
+         "form int does not fit hash sha256: it can be bigint or pair or namespace"),
         ({"name": "a", "text": "x", "hash": "hashtextextended", "form": "namespace"},
          "form namespace does not fit hash hashtextextended: it can be bigint"),
         ({"name": "a", "text": "x", "hash": "crc32", "byte_order": "little"},
@@ -60,7 +63,8 @@ def test_each_form_is_checked(entry: dict[str, Any], message: str) -> None:
 
 
 def test_the_forms_of_each_hash() -> None:
-    assert forms_of("crc32") == forms_of("hashtext") == ("bigint", "namespace")
+    assert forms_of("crc32") == ("bigint", "int", "namespace")  # unsigned, or read signed
+    assert forms_of("hashtext") == ("bigint", "namespace")  # a signed int4 already
     assert forms_of("sha256") == ("bigint", "pair", "namespace")
     assert forms_of("hashtextextended") == ("bigint",)
     assert template_error("{database}.pgboss.{{x}}") is None
@@ -192,7 +196,7 @@ def examples_resolved(server: Any = None) -> dict[str, tuple[str, str]]:
 
 def test_the_worked_examples_are_what_the_registry_resolves() -> None:
     configs, rows = worked_examples()
-    assert len(configs) == len(rows) == 6
+    assert len(configs) == len(rows) == 8
     check_configs(configs)
     local = {name: row for name, row in rows.items() if name != "jobs_pgqueuer_statistics"}
     assert examples_resolved() == local  # hashtext() is the server's: test_key_libraries.py
@@ -200,3 +204,20 @@ def test_the_worked_examples_are_what_the_registry_resolves() -> None:
         BIGINT_KEY,
         INT_PAIR_KEY,
     }
+
+
+def test_django_pglocks_1_is_its_crc32_read_as_a_signed_int() -> None:
+    """django-pglocks 1.0.4 cannot be installed beside the 2.1.0 that test_key_libraries.py
+    runs: its key of a name, as its advisory_lock() computes it (django_pglocks/__init__.py),
+    is the docs' row, and a negative one, which an unsigned crc32 never is."""
+
+    def django_pglocks_1(lock_id: str) -> int:
+        pos = zlib.crc32(lock_id.encode("utf-8"))
+        lock_id_int = (2**31 - 1) & pos
+        if pos & 2**31:
+            lock_id_int -= 2**31
+        return lock_id_int
+
+    key = django_pglocks_1("nightly-billing")
+    assert key < 0
+    assert worked_examples()[1]["nightly_billing_django_1"] == ("any", str(key))

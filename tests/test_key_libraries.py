@@ -3,7 +3,8 @@ libraries themselves: each library computes its own key, which is the one the do
 gives; where the library takes its lock, it takes it for real on the test server, and the
 exporter, given the docs' `keys` block as its registry, names the lock by the docs' entry.
 
-PALs, django-pgware (with django-pglocks, now a shim of it) and PgQueuer come from PyPI,
+PALs, django-pgware (with django-pglocks, now a shim of it), django-pglock and PgQueuer come
+from PyPI,
 advisory-lock and pg-boss from npm, pinned and installed into build/ (tests/clients.py). The
 hashtext() example is computed by the server: it is checked on every supported version; the
 libraries compute theirs themselves, so their tests run with the first version only.
@@ -111,6 +112,36 @@ with advisory_lock("nightly-billing") as acquired:
     print("locked", flush=True)
     sys.stdin.readline()
 """
+# django-pglock (no s), another library: its advisory lock of a name, as its docs show it.
+DJANGO_PGLOCK = """\
+import json
+import os
+import sys
+
+import django
+from django.conf import settings
+
+settings.configure(
+    INSTALLED_APPS=["pgactivity", "pglock"],
+    DATABASES={
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            **{name: os.environ[f"PG{name}"] for name in ("HOST", "PORT", "USER", "PASSWORD")},
+            "NAME": os.environ["PGDATABASE"],
+            "OPTIONS": {"application_name": "django-pglock"},
+        }
+    },
+)
+django.setup()
+import pglock
+
+lock = pglock.advisory("nightly-billing")
+print(json.dumps(lock.int_lock_id), flush=True)
+with lock as acquired:
+    assert acquired
+    print("locked", flush=True)
+    sys.stdin.readline()
+"""
 ADVISORY_LOCK = """\
 const advisoryLock = require('advisory-lock')
 const readline = require('node:readline')
@@ -154,6 +185,7 @@ def _written(key: Any) -> str:
     [
         ("billing_nightly", "pals", _python(PALS)),
         ("nightly_billing_django", "django-pgware", _python(DJANGO)),
+        ("nightly_billing_pglock", "django-pglock", _python(DJANGO_PGLOCK)),
         ("leader_election", "advisory-lock", _node(ADVISORY_LOCK)),
     ],
 )

@@ -13,8 +13,9 @@ from typing import Literal, get_args
 from .key import signed
 
 Hash = Literal["md5", "sha1", "sha224", "sha256", "crc32", "hashtext", "hashtextextended"]
-# What the key is made of: one bigint, an (int, int) pair, or every pair whose first int it is.
-Form = Literal["bigint", "pair", "namespace"]
+# What the key is made of: one bigint, an (int, int) pair, or every pair whose first int it
+# is; or one bigint of a 32-bit hash's bits read as a signed int (django-pglocks 1).
+Form = Literal["bigint", "pair", "namespace", "int"]
 ByteOrder = Literal["big", "little"]
 
 HASHES: tuple[str, ...] = get_args(Hash)
@@ -34,6 +35,8 @@ DATABASE_FIELD = "database"
 def forms_of(hash_name: str) -> tuple[str, ...]:
     """The forms a hash's value can take: a 64-bit value is a bigint or splits into a pair (a
     namespace is the pair's first int); a 32-bit one is a bigint or a namespace."""
+    if hash_name == "crc32":  # unsigned; hashtext's int4 is signed already
+        return ("bigint", "int", "namespace")
     if hash_name in NARROW_HASHES:
         return ("bigint", "namespace")
     if hash_name in DIGESTS:
@@ -57,7 +60,8 @@ def digest_parts(hash_name: str, text: str, form: str, byte_order: str) -> tuple
 
 def crc32_parts(text: str, form: str) -> tuple[int, ...]:
     """The IEEE CRC-32 of the UTF-8 text (zlib's, Ruby's Zlib.crc32, Go's ChecksumIEEE): an
-    unsigned bigint, or as a namespace its 32 bits read as a signed int4."""
+    unsigned bigint, or its 32 bits read as a signed int4, as an int (a bigint key of that
+    value) or a namespace."""
     value = zlib.crc32(text.encode())
     return (value,) if form == "bigint" else (signed(value, 32),)
 

@@ -85,7 +85,7 @@ class KeyConfig(Strict):
         seed = f", {self.seed}" if self.hash == "hashtextextended" else ""
         how = [f"{self.hash}({self.text!r}{seed})"]
         if self.form != "bigint":
-            how.append(f"as a {self.form}")
+            how.append(f"as {'an' if self.form == 'int' else 'a'} {self.form}")
         if self.byte_order != "big":
             how.append(f"read {self.byte_order}-endian")
         if self.per_database:
