@@ -614,7 +614,8 @@ def lint_imports() -> LintImports:
             text=True,
             timeout=120,
             cwd=path,
-            env={**os.environ, "PYTHONPATH": str(path)},
+            # Wide: each import it reports stays on one line.
+            env={**os.environ, "PYTHONPATH": str(path), "COLUMNS": "1000"},
             check=False,
         )
 

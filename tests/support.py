@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import socket
 import ssl
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -572,6 +574,27 @@ def start_prometheus(start_service: StartService, folder: Path, config: dict[str
         "--storage.tsdb.path=prometheus-data",
         ready_path="/-/ready",
     )
+
+
+class QueryError(Exception):
+    """Prometheus refused a query; the message is its error."""
+
+
+def prometheus_api(port: int, path: str, **params: str) -> Any:
+    """The `data` of an answer of the HTTP API of the Prometheus on `port`, at /api/v1/PATH
+    (query, targets, alerts ...); QueryError with Prometheus' error if it refuses."""
+    url = f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return json.load(answer)["data"]
+    except urllib.error.HTTPError as error:
+        raise QueryError(json.load(error).get("error")) from None
+
+
+def prometheus_query(port: int, query: str) -> list[dict[str, Any]]:
+    """An instant query's result: each series' `metric` (its labels) and `value`."""
+    result: list[dict[str, Any]] = prometheus_api(port, "query", query=query)["result"]
+    return result
 
 
 class LintImports(Protocol):

@@ -6,8 +6,6 @@ import json
 import shutil
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +34,7 @@ from support import (
     StartExporter,
     StartService,
     load_yaml,
+    prometheus_query,
     start_prometheus,
     wait_until,
 )
@@ -141,9 +140,7 @@ def _prometheus_and_alertmanager(
 
 
 def _has_series(prometheus: int, query: str) -> bool:
-    url = f"http://127.0.0.1:{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return bool(json.load(response)["data"]["result"])
+    return bool(prometheus_query(prometheus, query))
 
 
 @pytest.mark.slow
@@ -329,11 +326,8 @@ def test_a_misplaced_unlock_and_a_full_lock_table_page_from_the_servers_log(
 
 def _alerts_in_prometheus(prometheus: int, alertname: str) -> list[dict[str, Any]]:
     """The alert's series in Prometheus (pending or firing), whatever Alertmanager was sent."""
-    query = urllib.parse.urlencode({"query": f'ALERTS{{alertname="{alertname}"}}'})
-    with urllib.request.urlopen(
-        f"http://127.0.0.1:{prometheus}/api/v1/query?{query}", timeout=10
-    ) as response:
-        return [found["metric"] for found in json.load(response)["data"]["result"]]
+    query = f'ALERTS{{alertname="{alertname}"}}'
+    return [found["metric"] for found in prometheus_query(prometheus, query)]
 
 
 def _migration_rules(cli: Cli, tmp_path: Path, held_after: str) -> Path:

@@ -25,7 +25,15 @@ import yaml
 from helm_python.chart import Chart, lint
 from helm_python.errors import HelmError
 from psycopg.conninfo import conninfo_to_dict
-from support import Cli, StartService, load_yaml, load_yaml_all, start_prometheus, wait_until
+from support import (
+    Cli,
+    StartService,
+    load_yaml,
+    load_yaml_all,
+    prometheus_api,
+    start_prometheus,
+    wait_until,
+)
 
 from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.config.collection import CollectionSettings, RewriteRuleConfig
@@ -1348,9 +1356,7 @@ def _routed_by_a_real_prometheus(
     active: list[dict[str, Any]] = []
 
     def every_target_found() -> bool:
-        url = f"http://127.0.0.1:{port}/api/v1/targets?state=active"
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            active[:] = json.load(answer)["data"]["activeTargets"]
+        active[:] = prometheus_api(port, "targets", state="active")["activeTargets"]
         return len(active) == count
 
     wait_until(every_target_found, 30, lambda: f"{count} targets, not {active}", 0.5)
@@ -1473,9 +1479,7 @@ def test_a_real_prometheus_probes_through_the_scrape_config(
     active: list[dict[str, Any]] = []
 
     def every_target_found() -> bool:
-        url = f"http://127.0.0.1:{port}/api/v1/targets?state=active"
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            active[:] = json.load(answer)["data"]["activeTargets"]
+        active[:] = prometheus_api(port, "targets", state="active")["activeTargets"]
         return len(active) == len(group["targets"])
 
     wait_until(every_target_found, 30, lambda: f"{group['targets']}, not {active}", 0.5)

@@ -8,9 +8,6 @@ import re
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,11 +21,13 @@ from support import (
     REGISTRY,
     SUITE_LOG_PREFIX,
     OneTarget,
+    QueryError,
     RunningExporter,
     Session,
     StartExporter,
     StartService,
     load_yaml_all,
+    prometheus_api,
     start_prometheus,
     wait_until,
 )
@@ -247,22 +246,13 @@ def seed_scenarios(session: Session) -> Iterator[None]:
         waiter.rollback()
 
 
-class QueryError(Exception):
-    """Prometheus refused a query; the message is its error."""
-
-
 class Prometheus:
     def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}/api/v1"
+        self.port = port
 
     def get(self, path: str, **params: str) -> Any:
         """The `data` of an API answer."""
-        url = f"{self.base}/{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                return json.load(response)["data"]
-        except urllib.error.HTTPError as error:
-            raise QueryError(json.load(error).get("error")) from None
+        return prometheus_api(self.port, path, **params)
 
     def wait_for_samples(self, count: int, timeout: float = 30.0) -> None:
         """Until the exporter has been scraped `count` times within the rate interval."""

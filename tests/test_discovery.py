@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -26,6 +24,7 @@ from support import (
     databases_on,
     exporter_sessions,
     monitor_module,
+    prometheus_query,
     start_prometheus,
     wait_until,
 )
@@ -52,12 +51,6 @@ def _write_targets(path: Path, targets: list[str]) -> None:
     partial = path.with_suffix(".tmp")
     partial.write_text(json.dumps([{"targets": targets}]))
     partial.rename(path)
-
-
-def _prometheus(port: int, path: str, **query: str) -> Any:
-    url = f"http://127.0.0.1:{port}{path}?{urllib.parse.urlencode(query)}"
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return json.load(answer)["data"]
 
 
 @pytest.mark.any_version
@@ -104,7 +97,7 @@ def test_a_real_prometheus_probes_thirty_discovered_databases(
     up: dict[str, float] = {}
 
     def all_up() -> bool:
-        found = _prometheus(prometheus, "/api/v1/query", query="pg_advisory_up")["result"]
+        found = prometheus_query(prometheus, "pg_advisory_up")
         up.clear()
         up.update({r["metric"]["target"]: float(r["value"][1]) for r in found})
         return len(up) == len(targets) and all(value == 1 for value in up.values())
@@ -191,6 +184,9 @@ def test_what_the_allow_list_refuses_nothing_connects_to(
             # An allowed name that resolves to the exporter's own host: refused, since only
             # a network of the list may admit a loopback address.
             "names": monitor_module(tmp_path, f"localhost:{listener.port}"),
+            # What the listener's network admits: the probe that shows where a connection
+            # would have gone.
+            "canary": monitor_module(tmp_path, "127.0.0.2/32"),
         },
     }
     exporter = start_exporter(config=config)
@@ -210,8 +206,13 @@ def test_what_the_allow_list_refuses_nothing_connects_to(
     # The configured target is probed by name, as before, and no discovered one is kept.
     assert _probe(exporter, "main", None) == 200
     assert exporter.scrape().label_values("target") == {"main"}
-    time.sleep(0.5)  # a connection started by any of them would have arrived by now
+    # The proof: a probe the list admits, made after all of them, reaches the listener once
+    # (sslmode=disable: one attempt). A connection that a refused probe made, before its
+    # answer, was accepted before this one, in the order they came.
     assert listener.accepted == 0
+    assert _probe(exporter, elsewhere, "canary") == 200
+    wait_until(lambda: listener.accepted > 0, 10, "the admitted probe's connection")
+    assert listener.accepted == 1
 
 
 @pytest.mark.any_version

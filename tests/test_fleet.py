@@ -20,6 +20,7 @@ from support import (
     SilentServer,
     StartExporter,
     exporter_sessions,
+    wait_until,
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
@@ -56,7 +57,12 @@ def test_probe_serves_one_named_target_and_nothing_else(
     fleet: list[EmbeddedPostgres],
     silent_server: SilentServer,
 ) -> None:
-    exporter = start_exporter(config=_config({"orders": monitor_dsn, "billing": fleet[0].dsn()}))
+    port, accepted = silent_server.port, silent_server.accepted
+    # A target of the silent server: the probe that shows where a connection would go.
+    canary = f"host=127.0.0.1 port={port} user=x dbname=x sslmode=disable"
+    exporter = start_exporter(
+        config=_config({"orders": monitor_dsn, "billing": fleet[0].dsn(), "canary": canary})
+    )
     status, body = exporter.get("/probe?target=billing")
     assert status == 200
     probe = Scrape(body)
@@ -64,7 +70,6 @@ def test_probe_serves_one_named_target_and_nothing_else(
     assert probe.value("pg_advisory_up", target="billing") == 1
     assert probe.find("pg_advisory_exporter_build_info") == []
 
-    port, accepted = silent_server.port, silent_server.accepted
     for bad in (
         f"host=127.0.0.1 port={port} user=x",
         f"postgresql://x@127.0.0.1:{port}/x",
@@ -74,11 +79,17 @@ def test_probe_serves_one_named_target_and_nothing_else(
         status, body = exporter.get("/probe?" + urlencode({"target": bad}))
         assert status == 404, body
         assert "never a host or a DSN" in body
-        assert "orders, billing" in body
+        assert "orders, billing, canary" in body
     assert exporter.get("/probe")[0] == 400
     assert exporter.get("/probe?target=a&target=b")[0] == 400
-    time.sleep(0.3)  # no event to wait for: time for a connection made by mistake to arrive
+    # The proof: the canary's probe, made after all of them, reaches the silent server once.
+    # A connection that a refused probe made, before its answer, was accepted before it, in
+    # the order they came. (The canary's own probe times out: the server never answers.)
     assert accepted == [], "the exporter connected to a host given in a URL"
+    timeout = {"X-Prometheus-Scrape-Timeout-Seconds": "1"}
+    assert exporter.get("/probe?target=canary", timeout)[0] == 200
+    wait_until(lambda: len(accepted) > 0, 10, "the canary's connection")
+    assert len(accepted) == 1, "the exporter connected to a host given in a URL"
 
 
 @pytest.mark.slow

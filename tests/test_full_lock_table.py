@@ -19,8 +19,6 @@ import json
 import os
 import re
 import signal
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,8 @@ from support import (
     Scrape,
     StartExporter,
     StartService,
+    prometheus_api,
+    prometheus_query,
     start_prometheus,
     wait_until,
     write_config,
@@ -381,8 +381,7 @@ def test_the_statements_take_no_lock(small: EmbeddedPostgres) -> None:
 
 
 def _firing(prometheus: int, alertname: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{prometheus}/api/v1/alerts", timeout=10) as r:
-        alerts: list[dict[str, Any]] = json.load(r)["data"]["alerts"]
+    alerts: list[dict[str, Any]] = prometheus_api(prometheus, "alerts")["alerts"]
     return [
         alert
         for alert in alerts
@@ -416,14 +415,10 @@ def test_the_full_table_pages_through_a_real_prometheus(
             ],
         },
     )
-    query = urllib.parse.urlencode({"query": 'pg_advisory_up{target="main"} == 1'})
-    url = f"http://127.0.0.1:{prometheus}/api/v1/query?{query}"
-
-    def scraped() -> bool:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return bool(json.load(response)["data"]["result"])
-
-    wait_until(scraped, 30, "Prometheus scraping the exporter")
+    query = 'pg_advisory_up{target="main"} == 1'
+    wait_until(
+        lambda: bool(prometheus_query(prometheus, query)), 30, "Prometheus scraping the exporter"
+    )
     with _full(small, "session_locks"):
         wait_until(lambda: bool(_firing(prometheus, "PgLockTableFull")), 30, "PgLockTableFull")
         [alert] = _firing(prometheus, "PgLockTableFull")

@@ -21,7 +21,20 @@ def _values(samples: list[Sample], name: str) -> dict[tuple[str, ...], float]:
 
 def test_every_sample_matches_its_spec() -> None:
     waiter = replace(IDLE, pid=2, state="active", awaited_mode="ShareLock", wait_seconds=2.0)
-    samples = server_samples("main", snapshot_of(IDLE, waiter), [], 100).samples
+    extension = (ExtensionLocks("app", "citus", held=1, awaited=0),)
+    snapshot = replace(snapshot_of(IDLE, waiter), extension_locks=extension)
+    samples = server_samples("main", snapshot, [], 100).samples
+    # The series of a holder, a waiter and an extension's lock, at least: a list that lost
+    # them would pass the check below on what is left.
+    assert {s.name for s in samples} >= {
+        "pg_advisory_up",
+        "pg_advisory_locks",
+        "pg_advisory_holders",
+        "pg_advisory_waiters",
+        "pg_advisory_wait_max_seconds",
+        "pg_advisory_idle_holder_max_seconds",
+        "pg_advisory_extension_locks",
+    }
     for sample in samples:
         assert len(sample.labels) == len(SPECS[sample.name].labels), sample
 

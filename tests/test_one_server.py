@@ -29,6 +29,7 @@ from support import (
     databases_on,
     exporter_sessions,
     monitor_module,
+    prometheus_query,
     start_prometheus,
     wait_until,
     write_config,
@@ -86,12 +87,7 @@ class Prometheus:
         self.port = port
 
     def query(self, query: str) -> list[dict[str, Any]]:
-        url = (
-            f"http://127.0.0.1:{self.port}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
-        )
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            found: list[dict[str, Any]] = json.load(answer)["data"]["result"]
-        return found
+        return prometheus_query(self.port, query)
 
     def value(self, query: str) -> float | None:
         found = self.query(query)

@@ -4,7 +4,6 @@ formats it asks for, the content types it is answered with, and every series of 
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import urllib.parse
@@ -24,6 +23,7 @@ from support import (
     StartService,
     block_on,
     load_yaml,
+    prometheus_query,
     start_prometheus,
     wait_until,
 )
@@ -178,12 +178,8 @@ def _samples(page: str) -> list[tuple[str, frozenset[tuple[str, str]], float]]:
 
 def _recorded(prometheus: int, job: str) -> Series:
     """The series Prometheus has of this job now, by name and the exporter's labels."""
-    query = urllib.parse.urlencode({"query": f'{{job="{job}"}}'})
-    url = f"http://127.0.0.1:{prometheus}/api/v1/query?{query}"
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        result = json.load(answer)["data"]["result"]
     recorded: Series = {}
-    for found in result:
+    for found in prometheus_query(prometheus, f'{{job="{job}"}}'):
         labels = dict(found["metric"])
         name = labels.pop("__name__")
         if name in SCRAPE_SERIES:
