@@ -663,3 +663,21 @@ def _viewed_by_a_hundred(exporter: RunningExporter) -> None:
     assert meanwhile[-2] < before[-1] + 0.5, figures
     assert meanwhile[-1] < 2.0, figures
     assert rss < 128, figures
+
+
+def test_a_name_distributed_lock_packed_in_its_key_is_shown(
+    start_exporter: StartExporter, monitor_dsn: str, session: Session
+) -> None:
+    """DistributedLock.Postgres' PostgresAdvisoryLockKey("nightly") is the pair below (7 bits
+    a character, a 0, then 1s: tests/test_packed_names.py); held for real, /locks names it
+    without any registry entry, and says where the name came from."""
+    holder = session("dotnet-worker")
+    holder.execute("SELECT pg_advisory_lock(-576242034, -1690517505)")
+    exporter = start_exporter(config=_config(monitor_dsn))
+    [row] = [h for h in _json(exporter)["holders"] if h["application_name"] == "dotnet-worker"]
+    [lock] = row["locks"]
+    assert (lock["key"], lock["key_name"], lock["key_source"]) == (
+        "(-576242034, -1690517505)",
+        "DistributedLock 'nightly'",
+        "packed",
+    )

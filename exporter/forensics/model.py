@@ -26,8 +26,9 @@ class LockEntry:
     granted: bool
     wait_start: datetime | None = None  # awaited only; NULL for a moment after a wait begins
     wait_seconds: float | None = None  # awaited only
-    key_name: str | None = None  # from the key registry or the catalog
+    key_name: str | None = None  # from the key registry or the catalog, or packed in the key
     catalog: bool = False  # the name is the built-in catalog's
+    packed: bool = False  # the name was read from the key itself (keys/packed_names.py)
     held_seconds: float | None = None  # held, of a named key: how long (collect/holds.py)
     long_lived: bool = False  # the key's holder is idle on purpose (a leader, a migration)
 

@@ -21,15 +21,20 @@ def _time(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def _source(lock: LockEntry) -> str | None:
+    """Where the key's name comes from: the catalog, the registry, or the key itself."""
+    if lock.key_name is None:
+        return None
+    return "catalog" if lock.catalog else "packed" if lock.packed else "registry"
+
+
 def _lock(lock: LockEntry) -> dict[str, Any]:
     found: dict[str, Any] = {
         "key": str(lock.key),
         "key_form": "bigint" if lock.key.objsubid == BIGINT_KEY else "int pair",
         "key_parts": list(lock.key.parts),
         "key_name": lock.key_name,
-        "key_source": None
-        if lock.key_name is None
-        else ("catalog" if lock.catalog else "registry"),
+        "key_source": _source(lock),
         "mode": lock.mode,
         "granted": lock.granted,
     }

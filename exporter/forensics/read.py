@@ -24,6 +24,7 @@ from pg_advisory_exporter.config.targets import LocksPageSettings
 from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.key_config import Level
+from pg_advisory_exporter.keys.packed_names import distributed_lock_name
 from pg_advisory_exporter.keys.registry import Registry
 
 from .blocking import assemble
@@ -170,16 +171,24 @@ def _entry(
 ) -> LockEntry:
     database, classid, objid, objsubid, mode, granted, wait_start, wait_seconds = values
     named = registry.lookup(objsubid, classid, objid, datname)
+    key = AdvisoryKey.from_oids(classid, objid, objsubid)
+    name: str | None = None
+    if named is not None:
+        name = named.name
+    else:  # a name a library packed into the key, said to be read from it
+        packed = distributed_lock_name(key)
+        name = None if packed is None else f"DistributedLock {packed!r}"
     return LockEntry(
         database=database,
-        key=AdvisoryKey.from_oids(classid, objid, objsubid),
+        key=key,
         mode=vocabulary.mode_word(mode),
         granted=granted,
         wait_start=None if wait_start is None else datetime.fromisoformat(wait_start),
         # now() is the statement's start: a wait begun after it would come out negative.
         wait_seconds=None if wait_seconds is None else max(wait_seconds, 0.0),
-        key_name=None if named is None else named.name,
+        key_name=name,
         catalog=named is not None and named.catalog,
+        packed=named is None and name is not None,
         long_lived=named is not None and named.config.long_lived,
         held_seconds=held_for(named.config.level, named.name) if named and granted else None,
     )
