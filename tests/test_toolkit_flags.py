@@ -136,8 +136,9 @@ def test_scrapes_past_max_requests_get_503_at_once(
     start_exporter: StartExporter, silent_server: SilentServer
 ) -> None:
     """Three scrapes at once with room for one, which waits on a hung server for its
-    timeout: the other two are refused at once, as promhttp's MaxRequestsInFlight does. The
-    health endpoint is no scrape and still answers."""
+    timeout: the other two are refused at once, as promhttp's MaxRequestsInFlight does. A
+    probe meanwhile is not limited (a fleet's Prometheus probes every target at once), nor
+    is the health endpoint."""
     hung = f"host=127.0.0.1 port={silent_server.port} user=x dbname=x"
     exporter = start_exporter("--web.max-requests", "1", "--dsn", hung)
     url = f"http://127.0.0.1:{exporter.port}/metrics"
@@ -150,6 +151,7 @@ def test_scrapes_past_max_requests_get_503_at_once(
     with ThreadPoolExecutor(3) as pool:
         scrapes = [pool.submit(scrape) for _ in range(3)]
         healthy = _get(f"http://127.0.0.1:{exporter.port}/-/healthy", timeout=5)[0]
+        probe = _get(f"http://127.0.0.1:{exporter.port}/probe?target=default", scrape_timeout="1")
         answers = sorted((done.result() for done in scrapes), key=lambda a: a[0])
     assert [status for status, _, _ in answers] == [200, 503, 503], answers
     answered, *refused = answers
@@ -158,6 +160,7 @@ def test_scrapes_past_max_requests_get_503_at_once(
         assert body == "limit of concurrent requests reached (1), try again later\n"
         assert seconds < 2
     assert healthy == 200
+    assert probe[0] == 200, probe
     assert _get(url, scrape_timeout="1")[0] == 200  # room again
 
 

@@ -196,7 +196,9 @@ class Target:
         )
 
     def close(self) -> None:
-        """No longer served: a configured target closes its server (and its connection)."""
+        """No longer served: it leaves its server's directory, and closes the server only if
+        it made it (without `server`); the daemon and the discovered targets close the
+        servers they made, once no target of theirs is left on them."""
         if self._server_log is not None:
             self._server_log.close()
         self.server.directory.detach(self)

@@ -92,8 +92,8 @@ class WebConfig(Strict):
     max_requests: int = Field(
         default=40,
         ge=0,
-        description="scrapes of the metrics path and /probe answered at once, the next "
-        "refused with 503; 0 for no limit",
+        description="scrapes of the metrics path answered at once, the next refused with "
+        "503; 0 for no limit",
     )
     disable_exporter_metrics: bool = Field(
         default=False, description="leave out the metrics of the exporter's process (process_*)"

@@ -47,7 +47,7 @@ class Exported(Protocol):
 
     @property
     def max_requests(self) -> int:
-        """Scrapes answered at once (--web.max-requests); 0 for no limit."""
+        """Scrapes of the metrics path answered at once (--web.max-requests); 0: no limit."""
         ...
 
     def targets(self) -> list[Target]: ...
@@ -184,7 +184,7 @@ class _Endpoints:
         self.scrapes_at_once = threading.BoundedSemaphore(limit) if limit else None
         self.routes: dict[str, tuple[tuple[str, ...], WsgiApp]] = {
             exported.telemetry_path: (_READ, self._limited(self.metrics)),
-            PROBE_PATH: (_READ, self._limited(self.probe)),
+            PROBE_PATH: (_READ, self.probe),
             LOCKS_PATH: (_READ, self.locks),
             LANDING_PATH: (_READ, self.landing),
             HEALTH_PATH: (_READ, self.health),
@@ -214,8 +214,10 @@ class _Endpoints:
         return []
 
     def _limited(self, handler: WsgiApp) -> WsgiApp:
-        """The scrape handler within --web.max-requests, as promhttp's MaxRequestsInFlight:
-        past it, 503 at once, never a queue that a scrape's timeout runs out in."""
+        """The metrics handler within --web.max-requests, as promhttp's MaxRequestsInFlight:
+        past it, 503 at once, never a queue that a scrape's timeout runs out in. Not /probe:
+        a fleet's Prometheus probes each of its targets at once, one request each, as it
+        does a blackbox exporter's."""
         limit = self.scrapes_at_once
         if limit is None:
             return handler
