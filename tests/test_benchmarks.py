@@ -37,6 +37,10 @@ def test_the_collection_cost_benchmark_runs_and_reports_every_figure(tmp_path: P
     assert report["locks"] == 300
     assert [c["rows"] for c in report["configurations"]] == [3, 3, 3, 3, 3]
     assert all(len(c["ms"]) == 3 for c in report["configurations"])
+    # the statements run on a session readied as the exporter's, its own floor beside
+    assert len(report["session_baseline_ms"]) == 3
+    assert all(c["same_session_ratio"] > 0 for c in report["configurations"])
+    assert "the same, on the exporter's session" in printed
     runs = report["exporters"]
     assert [run["label"] for run in runs] == [
         "default (built-in catalog)",
@@ -47,6 +51,8 @@ def test_the_collection_cost_benchmark_runs_and_reports_every_figure(tmp_path: P
         assert all(ms > 0 for ms in run["collect_duration_ms"] + run["baseline_ms"])
         assert 0 < run["peak_rss_mb"] < 200
     assert report["end_to_end_paired_ratio_median"] > 0
+    assert report["end_to_end_same_session_paired_ratio_median"] > 0
+    assert all(len(run["session_baseline_ms"]) == 3 for run in runs)
     assert "end to end, default (built-in catalog)" in printed
     assert len(report["hold_tracking_ms"]) == 3
     assert all(ms > 0 for ms in report["hold_tracking_ms"])
