@@ -68,6 +68,19 @@ SPECS = {
             "transaction (now - state_change): the leaked-lock signal.",
         ),
         _gauge(
+            "pg_advisory_idle_by_design_seconds",
+            (*_GROUP, "idle_by_design"),
+            "Longest time a backend of an application that holds advisory locks on idle "
+            "connections by design (the idle_by_design entry that names it) has been idle "
+            "with them: judged against its max_hold, never as a leak.",
+        ),
+        _gauge(
+            "pg_advisory_idle_by_design_max_hold_seconds",
+            ("target", "idle_by_design"),
+            "The idle_by_design entry's max_hold: compare pg_advisory_idle_by_design_seconds "
+            "with it.",
+        ),
+        _gauge(
             "pg_advisory_backend_locks_max",
             _GROUP,
             "The most granted advisory lock entries held by one backend of the group.",

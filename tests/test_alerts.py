@@ -19,6 +19,7 @@ RULES = ROOT / "alerts" / "pg-advisory-exporter.rules.yml"
 GENERATED = [RULES, ROOT / "deploy" / "prometheusrule.yaml"]
 CONTRACT_ALERTS = {
     "PgAdvisoryLockLeaked",
+    "PgAdvisoryIdleByDesignHeldTooLong",
     "PgAdvisoryLockWaitTooLong",
     "PgAdvisoryLockWaitersPiling",
     "PgLockTableFull",

@@ -49,6 +49,7 @@ from pg_advisory_exporter.config.targets import (
     PoolerConfig,
     TargetConfig,
 )
+from pg_advisory_exporter.keys.idle_by_design import IdleByDesignConfig
 from pg_advisory_exporter.keys.key_config import KeyConfig
 
 ROOT = Path(__file__).parent.parent
@@ -1074,6 +1075,8 @@ def test_the_values_schema_knows_every_setting_of_the_file() -> None:
     assert _properties(schema, *config, "properties", "collection") == _fields(CollectionSettings)
     rewrites = (*config, "properties", "collection", "properties", "application_name_rewrites")
     assert _properties(schema, *rewrites, "items") == _fields(RewriteRuleConfig)
+    idle = (*config, "properties", "collection", "properties", "idle_by_design")
+    assert _properties(schema, *idle, "items") == _fields(IdleByDesignConfig)
     targets = (*config, "properties", "targets", "items")
     assert _properties(schema, *targets) - {"passwordSecret"} == _fields(TargetConfig)
     poolers = (*targets, "properties", "poolers", "items")

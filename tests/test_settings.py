@@ -75,7 +75,7 @@ def test_only_lists_are_file_only() -> None:
         for name, field in CollectionSettings.model_fields.items()
         if any(isinstance(mark, FileOnly) for mark in field.metadata)
     }
-    assert file_only == {"application_name_rewrites"}
+    assert file_only == {"application_name_rewrites", "idle_by_design"}
 
 
 def test_every_collection_setting_has_a_flag_a_variable_and_a_help_line(

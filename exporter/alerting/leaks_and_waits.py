@@ -1,12 +1,16 @@
-"""Alerts on holders and waiters: a leaked lock, a long wait, waiters piling up, deadlocks."""
+"""Alerts on holders and waiters: a leaked lock, an application idle by design past its bound, a
+long wait, waiters piling up, deadlocks."""
 
 from __future__ import annotations
 
-from .rule_writer import AGE, APP, COUNT, HOLDER, VALUE, WHERE, Rule, RuleWriter
+from .rule_writer import AGE, APP, COUNT, HOLDER, SERVER, VALUE, WHERE, Rule, RuleWriter
+
+ENTRY = "idle_by_design"
 
 
 def leaks_and_waits(w: RuleWriter) -> list[Rule]:
-    """A holder idle with its locks (a leak), a long wait, waiters piling up."""
+    """A holder idle with its locks (a leak, or past its bound where it is idle by design), a
+    long wait, waiters piling up."""
     v = w.v
     return [
         w.alert(
@@ -21,6 +25,19 @@ def leaks_and_waits(w: RuleWriter) -> list[Rule]:
             f"{{{{ $labels.state }}}} for {AGE}: most likely a leaked lock, which "
             "stops every later run that needs it. Threshold "
             f"{v.duration('leaked_lock_after')}.",
+        ),
+        w.alert(
+            "PgAdvisoryIdleByDesignHeldTooLong",
+            f"max by {w.by(*HOLDER, ENTRY)} ({w.sel('pg_advisory_idle_by_design_seconds')}) "
+            f"> on {w.by(*SERVER, ENTRY)} group_left () "
+            f"{w.sel('pg_advisory_idle_by_design_max_hold_seconds')}",
+            for_="leaked_lock_for",
+            severity="critical",
+            summary=f"A session of {APP} has sat idle on its advisory locks for {AGE}",
+            description=f"A backend of {APP} {WHERE} holds advisory locks on an idle "
+            "connection by design (idle_by_design entry {{ $labels.idle_by_design }}), and has "
+            f"been idle with them for {AGE}, longer than the entry's max_hold: the work it "
+            "holds them for is stuck, or the lock has leaked.",
         ),
         w.alert(
             "PgAdvisoryLockWaitTooLong",

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pg_advisory_exporter.keys.appnames import RewriteRule, fold, rewrite
+from pg_advisory_exporter.keys.idle_by_design import NOT_IDLE_BY_DESIGN, IdleByDesign
 from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 from pg_advisory_exporter.metrics import Sample
 
@@ -66,6 +67,12 @@ def target_series(
     return samples
 
 
+# The one state an application idle by design is judged in by its own bound: idle outside any
+# transaction. Idle inside one is a leak's signal whoever holds the lock: it holds back
+# vacuum, and the locks go with a transaction nobody is ending.
+BY_DESIGN_STATE = "idle"
+
+
 @dataclass
 class _Group:
     """Accumulates the backends of one (datname, application_name) label set."""
@@ -76,8 +83,10 @@ class _Group:
     waiters: int = 0
     wait_max: float = 0.0
     backend_locks_max: int = 0
+    # The longest idle hold of the holders idle by design, by the entry that names them.
+    by_design_max: dict[str, float] = field(default_factory=dict)
 
-    def add(self, backend: BackendLocks, exempt: bool) -> None:
+    def add(self, backend: BackendLocks, exempt: bool, by_design: str | None = None) -> None:
         exclusive, share = backend.held_exclusive, backend.held_share
         if exclusive:
             self.locks[EXCLUSIVE, "true"] += exclusive
@@ -91,8 +100,13 @@ class _Group:
             state = backend.state_word
             self.holders[state] += 1
             self.backend_locks_max = max(self.backend_locks_max, held)
-            if state in IDLE_STATES and backend.state_seconds is not None and not exempt:
-                self.idle_max[state] = max(self.idle_max.get(state, 0.0), backend.state_seconds)
+            seconds = backend.state_seconds
+            if seconds is None or state not in IDLE_STATES:
+                return
+            if by_design is not None and state == BY_DESIGN_STATE:
+                self.by_design_max[by_design] = max(self.by_design_max.get(by_design, 0.0), seconds)
+            elif not exempt:
+                self.idle_max[state] = max(self.idle_max.get(state, 0.0), seconds)
 
 
 def leak_exempt(backend: BackendLocks, registry: Registry) -> bool:
@@ -223,6 +237,7 @@ def server_samples(
     poolers: Sequence[PoolerView] = (),
     database: str | None = None,
     server_wide: bool = True,
+    idle_by_design: IdleByDesign = NOT_IDLE_BY_DESIGN,
 ) -> ServerSamples:
     """Map one snapshot (and what its target's poolers said) to the server series.
 
@@ -241,10 +256,8 @@ def server_samples(
         entries_by_name[name] += backend.advisory_entries
     folding = fold(entries_by_name, application_name_limit)
 
-    groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
-    for backend, name in zip(backends, names, strict=True):
-        groups[backend.datname, folding.label(name)].add(backend, leak_exempt(backend, registry))
-
+    labels = [folding.label(name) for name in names]
+    groups = _groups(backends, labels, registry, idle_by_design)
     samples = [
         Sample("pg_advisory_up", (target,), 1),
         # A setting, not a count: every target has it, for the budget alert's join.
@@ -265,11 +278,31 @@ def server_samples(
     ]
     for (datname, application), group in sorted(groups.items()):
         samples += _group_samples((target, datname, application), group)
+    samples += [
+        Sample("pg_advisory_idle_by_design_max_hold_seconds", (target, entry.name), entry.max_hold)
+        for entry in idle_by_design.entries
+    ]
     samples += _extension_samples(target, snapshot, database)
     samples += _key_samples(target, snapshot, registry, holds, database)
-    folded = [folding.label(name) for name in names]
-    samples += _pooler_samples(target, backends, folded, poolers, server_wide)
+    samples += _pooler_samples(target, backends, labels, poolers, server_wide)
     return ServerSamples(samples, folding.folded)
+
+
+def _groups(
+    backends: Sequence[BackendLocks],
+    labels: Sequence[str],
+    registry: Registry,
+    idle_by_design: IdleByDesign,
+) -> dict[tuple[str, str], _Group]:
+    """The backends by database and application_name label (`labels`, one per backend), each
+    holder judged as a leak's candidate or by the entry idle by design that names it."""
+    groups: dict[tuple[str, str], _Group] = defaultdict(_Group)
+    for backend, label in zip(backends, labels, strict=True):
+        entry = idle_by_design.match(backend.application_name) if backend.held else None
+        groups[backend.datname, label].add(
+            backend, leak_exempt(backend, registry), None if entry is None else entry.name
+        )
+    return groups
 
 
 def _group_samples(labels: tuple[str, str, str], group: _Group) -> list[Sample]:
@@ -286,6 +319,10 @@ def _group_samples(labels: tuple[str, str, str], group: _Group) -> list[Sample]:
         *(
             Sample("pg_advisory_idle_holder_max_seconds", (*labels, state), seconds)
             for state, seconds in sorted(group.idle_max.items())
+        ),
+        *(
+            Sample("pg_advisory_idle_by_design_seconds", (*labels, entry), seconds)
+            for entry, seconds in sorted(group.by_design_max.items())
         ),
         Sample("pg_advisory_waiters", labels, group.waiters),
         Sample("pg_advisory_wait_max_seconds", labels, group.wait_max),

@@ -8,6 +8,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
 from pg_advisory_exporter.durations import PARSE_DURATION, duration_within
 from pg_advisory_exporter.keys.appnames import RewriteRule, compile_pattern, parse_template
+from pg_advisory_exporter.keys.idle_by_design import IdleByDesignConfig, check_unique
 from pg_advisory_exporter.validation import Strict
 
 from .markers import FileOnly
@@ -85,6 +86,19 @@ class CollectionSettings(Strict):
     application_name_rewrites: Annotated[tuple[RewriteRuleConfig, ...], FileOnly()] = Field(
         default=(), description="rewrites of application_name before it becomes a label"
     )
+    idle_by_design: Annotated[tuple[IdleByDesignConfig, ...], FileOnly()] = Field(
+        default=(),
+        description="applications that hold advisory locks on idle connections by design, "
+        "by application_name or pattern, with the longest idle hold that is still normal",
+    )
+
+    @field_validator("idle_by_design")
+    @classmethod
+    def _idle_names_unique(
+        cls, entries: tuple[IdleByDesignConfig, ...]
+    ) -> tuple[IdleByDesignConfig, ...]:
+        check_unique(entries)
+        return entries
 
     @property
     def collection_deadline(self) -> float:

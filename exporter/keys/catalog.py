@@ -12,6 +12,9 @@ from typing import Annotated
 from pydantic import BeforeValidator
 
 from .catalog_entry import CatalogEntry
+from .idle_by_design import CATALOG as IDLE_BY_DESIGN
+from .idle_by_design import CATALOG_NAMES as IDLE_BY_DESIGN_NAMES
+from .idle_by_design import IdleByDesignConfig
 from .key_config import KeyConfig
 from .well_known_keys import ENTRIES
 
@@ -23,15 +26,17 @@ DEFAULTS: tuple[CatalogEntry, ...] = tuple(entry for entry in ENTRIES if entry.d
 
 
 def _choice(value: object) -> object:
-    """true, false, or a list of entry names (opt-in ones included), each at most once."""
+    """true, false, or a list of entry names (opt-in ones included, and the applications idle
+    by design), each at most once."""
     if isinstance(value, bool):
         return value
     if not isinstance(value, list | tuple) or not all(isinstance(n, str) for n in value):
         raise ValueError("expected true, false or a list of catalog entry names")
     seen: set[str] = set()
     for name in value:
-        if name not in BY_NAME:
-            raise ValueError(f"unknown catalog entry {name!r}; the entries are {', '.join(NAMES)}")
+        if name not in BY_NAME and name not in IDLE_BY_DESIGN_NAMES:
+            every = ", ".join((*NAMES, *IDLE_BY_DESIGN_NAMES))
+            raise ValueError(f"unknown catalog entry {name!r}; the entries are {every}")
         if name in seen:
             raise ValueError(f"catalog entry {name!r} is listed twice")
         seen.add(name)
@@ -49,6 +54,18 @@ def selected(choice: bool | tuple[str, ...] | None) -> tuple[CatalogEntry, ...]:
     if choice is False:
         return ()
     return tuple(entry for entry in ENTRIES if entry.name in choice)
+
+
+def selected_idle_by_design(
+    choice: bool | tuple[str, ...] | None,
+) -> tuple[IdleByDesignConfig, ...]:
+    """The catalog's applications idle by design that a setting keeps: every one unless it
+    is false or a list that does not name it."""
+    if choice is None or choice is True:
+        return IDLE_BY_DESIGN
+    if choice is False:
+        return ()
+    return tuple(entry for entry in IDLE_BY_DESIGN if entry.name in choice)
 
 
 def needs_databases(entries: Iterable[CatalogEntry]) -> bool:

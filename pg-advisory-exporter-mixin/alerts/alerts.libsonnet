@@ -23,6 +23,19 @@ local t = import '../lib/thresholds.libsonnet';
             },
           },
           {
+            alert: 'PgAdvisoryIdleByDesignHeldTooLong',
+            expr: 'max by (job, instance, target, datname, application_name, idle_by_design' + t.groupLabels($._config.group_labels) + ') (pg_advisory_idle_by_design_seconds' + t.selectorAlone($._config.selector) + ') > on (job, instance, target, idle_by_design' + t.groupLabels($._config.group_labels) + ') group_left () pg_advisory_idle_by_design_max_hold_seconds' + t.selectorAlone($._config.selector),
+            'for': t.duration($._config.leaked_lock_for),
+            labels: {
+              severity: 'critical',
+            },
+            annotations: {
+              summary: 'A session of {{ $labels.application_name }} has sat idle on its advisory locks for {{ $value | humanizeDuration }}',
+              description: 'A backend of {{ $labels.application_name }} in database {{ $labels.datname }} on {{ $labels.target }} holds advisory locks on an idle connection by design (idle_by_design entry {{ $labels.idle_by_design }}), and has been idle with them for {{ $value | humanizeDuration }}, longer than the entry\'s max_hold: the work it holds them for is stuck, or the lock has leaked.{{ with printf "pg_advisory_exporter_locks_page_info{job=%q, instance=%q, target=%q}" $labels.job $labels.instance $labels.target | query }} Holders and waiters: {{ . | first | label "url" }}{{ end }}',
+              runbook_url: $._config.runbook_url + '#pgadvisoryidlebydesignheldtoolong',
+            },
+          },
+          {
             alert: 'PgAdvisoryLockWaitTooLong',
             expr: 'pg_advisory_wait_max_seconds' + t.selectorAlone($._config.selector) + ' > ' + t.seconds($._config.wait_after),
             'for': t.duration($._config.wait_for),
