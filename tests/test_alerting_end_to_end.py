@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import threading
@@ -40,6 +41,7 @@ from support import (
 )
 
 from devtools.embedded_postgres import EmbeddedPostgres, free_port
+from pg_advisory_exporter.keys.catalog import selected_idle_by_design
 
 # Version-independent (tests/conftest.py): Prometheus and Alertmanager end to end; any server gives
 # the lock.
@@ -496,3 +498,169 @@ def test_a_migration_of_short_statements_held_past_the_threshold_pages(
     assert (stuck["labels"]["key"], stuck["labels"]["datname"]) == ("node_pg_migrate", database)
     assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []
     webhook.wait_for("PgAdvisoryMigrationLockStuck", "resolved")
+
+
+# -- Applications idle by design --------------------------------------------------------------
+
+# Que's locker, reproduced with psycopg (Que is a Ruby gem: RubyGems is out of reach here, and
+# no PyPI, npm or Debian package takes one lock per job on an idle consumer). As Que 2.4.1's
+# lib/que/locker.rb does: the locker's own connection names itself
+# set_config('application_name', 'Que Locker: ' || its pid), locks each job it hands out with
+# pg_try_advisory_lock(job id) in its poll (a recursive CTE, as Que's), and sits idle while a
+# worker runs each job on a connection of its own; it unlocks a job's id once its worker is
+# done, with Que's own statement.
+QUE_NAME = "SELECT set_config('application_name', 'Que Locker: ' || pg_backend_pid(), false)"
+QUE_POLL = """
+WITH RECURSIVE jobs AS (
+  SELECT (j).id, pg_try_advisory_lock((j).id) AS locked
+  FROM (SELECT j FROM que_jobs AS j ORDER BY id LIMIT 1) AS t1
+  UNION ALL (
+    SELECT (j).id, pg_try_advisory_lock((j).id) AS locked
+    FROM (SELECT (SELECT j FROM que_jobs AS j WHERE id > jobs.id ORDER BY id LIMIT 1) AS j
+          FROM jobs WHERE jobs.id IS NOT NULL LIMIT 1) AS t1
+  )
+)
+SELECT id FROM jobs WHERE locked
+"""
+QUE_UNLOCK = "SELECT pg_advisory_unlock(v.i) FROM (VALUES ({})) v (i)"
+
+
+@contextlib.contextmanager
+def que_locker(pg: EmbeddedPostgres, database: str, jobs: int) -> Iterator[str]:
+    """`jobs` jobs locked by a locker that sits idle while each job runs on a worker's
+    connection: a job updates the blocker row, which the block holds locked, so it runs until
+    the block ends. The locker's application_name; every job done and unlocked at the end."""
+    with pg.connect(database) as setup:
+        setup.execute("CREATE TABLE que_jobs (id bigint PRIMARY KEY)")
+        setup.execute("INSERT INTO que_jobs SELECT generate_series(1, %s)", (jobs,))
+
+    def work(job: int) -> None:
+        with psycopg.connect(pg.dsn(database), autocommit=True) as worker:
+            worker.execute("SET application_name = 'que-worker'")
+            worker.execute("UPDATE blocker SET n = n + %s WHERE id = 1", (job,))
+
+    with psycopg.connect(pg.dsn(database), autocommit=True) as locker:
+        named = locker.execute(QUE_NAME).fetchone()
+        assert named is not None
+        locked = [row[0] for row in locker.execute(QUE_POLL).fetchall()]
+        assert len(locked) == jobs, locked
+        workers = [threading.Thread(target=work, args=(job,)) for job in locked]
+        with row_locked(pg, database):
+            for thread in workers:
+                thread.start()
+            yield str(named[0])
+        for thread in workers:
+            thread.join()
+        locker.execute(QUE_UNLOCK.format("), (".join(map(str, locked))))
+
+
+def _idle_by_design_rules(cli: Cli, tmp_path: Path) -> Path:
+    """The shipped rules, the leak's threshold and `for` lowered to seconds (the bound's `for`
+    is the leak's)."""
+    rules = tmp_path / "rules.yml"
+    rules.write_text(
+        cli("rules", "--set", "exporter_job=pg-advisory", "--set", "leaked_lock_after=2s",
+            "--set", "leaked_lock_for=1s", check=True).stdout
+    )  # fmt: skip
+    return rules
+
+
+def _past_the_leak_threshold_then_past_its_bound(
+    prometheus: int, webhook: Webhook, entry: str
+) -> dict[str, Any]:
+    """Once Prometheus has seen the application idle past the leak threshold (2s) at five
+    evaluations, past the leak's `for` (1s), no leak alert, pending or firing; then its
+    bound's page. (Its first scrape may find the holder idle for seconds already.)"""
+    past = f'pg_advisory_idle_by_design_seconds{{idle_by_design="{entry}"}} > 2'
+    idle = f"count_over_time(({past})[10s:1s]) >= 5"
+    wait_until(lambda: _has_series(prometheus, idle), ARRIVES_WITHIN, idle)
+    assert _alerts_in_prometheus(prometheus, "PgAdvisoryLockLeaked") == []
+    assert not _has_series(prometheus, "pg_advisory_idle_holder_max_seconds")
+    return webhook.wait_for("PgAdvisoryIdleByDesignHeldTooLong", "firing")
+
+
+@pytest.mark.slow
+def test_a_job_queue_idle_by_design_never_pages_as_a_leak_and_pages_past_its_bound(
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    pg: EmbeddedPostgres,
+    webhook: Webhook,
+    start_service: StartService,
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    """Que's locker holding one key per job while two workers run them, named by the catalog's
+    pattern: past the leak threshold, no PgAdvisoryLockLeaked; past the entry's max_hold (the
+    catalog's entry tuned to 10s by one of the same name), its bound pages."""
+    (que,) = (e for e in selected_idle_by_design(True) if e.name == "que_locker")
+    assert que.pattern is not None
+    entry = {"name": "que_locker", "pattern": que.pattern, "max_hold": "10s"}
+    config = one_target(monitor_dsn, name="orders")
+    config["collection"]["idle_by_design"] = [entry]
+    exporter = start_exporter(config=config)
+    rules = _idle_by_design_rules(cli, tmp_path)
+    prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
+    database = fresh_database(pg, "queue")
+    with que_locker(pg, database, jobs=2) as locker:
+        firing = _past_the_leak_threshold_then_past_its_bound(prometheus, webhook, "que_locker")
+        held = prometheus_query(prometheus, "pg_advisory_locks")
+        assert {(s["metric"]["application_name"], s["value"][1]) for s in held} == {(locker, "2")}
+    labels = firing["labels"]
+    assert (labels["application_name"], labels["datname"], labels["idle_by_design"]) == (
+        locker,
+        database,
+        "que_locker",
+    )
+    assert labels["severity"] == "critical"
+    assert "longer than the entry's max_hold" in firing["annotations"]["description"]
+    webhook.wait_for("PgAdvisoryIdleByDesignHeldTooLong", "resolved")
+    assert {a["labels"]["alertname"] for a in webhook.alerts} == {
+        "PgAdvisoryIdleByDesignHeldTooLong"
+    }
+
+
+@pytest.mark.slow
+def test_a_migrator_idle_by_design_never_pages_as_a_leak_and_pages_past_its_bound(
+    start_exporter: StartExporter,
+    one_target: OneTarget,
+    monitor_dsn: str,
+    pg: EmbeddedPostgres,
+    webhook: Webhook,
+    start_service: StartService,
+    start_client: StartClient,
+    tmp_path: Path,
+    cli: Cli,
+) -> None:
+    """ActiveRecord 6.1 holds its migration lock on a connection of its own, idle while the
+    migration waits on another: named by its application_name (PGAPPNAME), with the catalog
+    off so that its key does not spare it, no leak page; past its max_hold, its bound's."""
+    ruby = shutil.which("ruby")
+    assert ruby, "ruby is not installed (the test command installs Debian's packages)"
+    entry = {"name": "deploys", "application_name": "deploy-migrate", "max_hold": "10s"}
+    config = {**one_target(monitor_dsn, name="orders"), "catalog": False}
+    config["collection"]["idle_by_design"] = [entry]
+    exporter = start_exporter(config=config)
+    rules = _idle_by_design_rules(cli, tmp_path)
+    prometheus = _prometheus_and_alertmanager(exporter, rules, webhook, start_service, tmp_path)
+    database = fresh_database(pg, "inventory")
+    app = tmp_path / "app"
+    (app / "db" / "migrate").mkdir(parents=True)
+    (app / "db" / "migrate" / "20240101000000_touch_blocker.rb").write_text(RAILS_MIGRATION)
+    (app / "migrate.rb").write_text(RAILS_MIGRATE)
+    env = {**client_environment(pg), "PGAPPNAME": "deploy-migrate"}
+    with row_locked(pg, database):
+        rails = start_client("rails", [ruby, "migrate.rb", database], env, app)
+        firing = _past_the_leak_threshold_then_past_its_bound(prometheus, webhook, "deploys")
+        assert rails.running(), "it paged only once the migration had ended"
+    rails.finish()
+    labels = firing["labels"]
+    assert (labels["application_name"], labels["datname"], labels["idle_by_design"]) == (
+        "deploy-migrate",
+        database,
+        "deploys",
+    )
+    webhook.wait_for("PgAdvisoryIdleByDesignHeldTooLong", "resolved")
+    assert {a["labels"]["alertname"] for a in webhook.alerts} == {
+        "PgAdvisoryIdleByDesignHeldTooLong"
+    }

@@ -67,7 +67,7 @@ def test_the_dashboard_shows_every_series_of_the_contract() -> None:
     # PgAdvisoryExporterConfigRefused). Extensions' own locks have no panel yet: every panel's
     # queries must return series in the real Prometheus of the test below, whose scenario
     # takes none (tests/test_extension_tags.py builds what takes them); nor have applications
-    # idle by design, whose holders that scenario does not run (tests/test_idle_by_design.py).
+    # idle by design, whose holders that scenario does not run (tests/test_alerting_end_to_end.py).
     assert unused == {
         "pg_advisory_idle_by_design_seconds",
         "pg_advisory_idle_by_design_max_hold_seconds",
