@@ -113,14 +113,18 @@ def test_a_name_matches_whole_and_the_first_entry_wins() -> None:
     assert entries.match("orders-jobs-2") is pattern
     assert entries.match("x-orders-jobs") is None  # a pattern matches the whole name
     assert IdleByDesign.of([pattern], []).match("orders") is None
+    # Plain data: a reload compares it whole, matched or not.
+    assert IdleByDesignConfig(name="workers", pattern="orders-.*", max_hold=60) == pattern
 
 
 def test_the_catalogs_que_locker_matches_the_name_que_gives_its_locker() -> None:
-    (que,) = (entry for entry in CATALOG if entry.name == "que_locker")
+    catalog = IdleByDesign.of([], CATALOG)
     # lib/que/locker.rb: "Que Locker: #{@connection.backend_pid}"
-    assert que.matches("Que Locker: 48213")
-    assert not que.matches("Que Locker: ")
-    assert not que.matches("Que Worker: 48213")
+    found = catalog.match("Que Locker: 48213")
+    assert found is not None
+    assert found.name == "que_locker"
+    assert catalog.match("Que Locker: ") is None
+    assert catalog.match("Que Worker: 48213") is None
 
 
 def test_the_catalog_setting_chooses_its_entries_and_a_configured_one_replaces_its_own() -> None:

@@ -11,16 +11,15 @@ is a registry entry instead (`long_lived` with `max_hold`, key_config.py): one h
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from pydantic import Field, field_validator, model_validator
 
 from pg_advisory_exporter.durations import Duration
 from pg_advisory_exporter.validation import KEY_NAME_PATTERN, Strict
 
-from .appnames import Pattern, compile_pattern
+from .appnames import compile_pattern
 
 
 class IdleByDesignConfig(Strict):
@@ -49,14 +48,13 @@ class IdleByDesignConfig(Strict):
             )
         return self
 
-    @cached_property
-    def _compiled(self) -> Pattern | None:
-        return None if self.pattern is None else compile_pattern(self.pattern)
-
-    def matches(self, application_name: str) -> bool:
-        if self._compiled is None:
-            return application_name == self.application_name
-        return self._compiled.fullmatch(application_name) is not None
+    def matcher(self) -> Callable[[str], bool]:
+        """Whether an application_name is this entry's (compiled once, kept by the caller:
+        the model stays plain data, compared whole when a reload looks for changes)."""
+        if self.pattern is None:
+            return lambda name: name == self.application_name
+        compiled = compile_pattern(self.pattern)
+        return lambda name: compiled.fullmatch(name) is not None
 
 
 # The applications the catalog names by the application_name they set themselves. Job queues
@@ -93,6 +91,10 @@ class IdleByDesign:
     configured entry of the same name replaces (a configured entry tunes a catalog one)."""
 
     entries: tuple[IdleByDesignConfig, ...] = ()
+    _matchers: tuple[Callable[[str], bool], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_matchers", tuple(e.matcher() for e in self.entries))
 
     @classmethod
     def of(
@@ -105,8 +107,8 @@ class IdleByDesign:
     def match(self, application_name: str) -> IdleByDesignConfig | None:
         """The first entry that names this application_name (as the backend gives it, before
         any rewrite), if any."""
-        for entry in self.entries:
-            if entry.matches(application_name):
+        for entry, matches in zip(self.entries, self._matchers, strict=True):
+            if matches(application_name):
                 return entry
         return None
 
