@@ -503,7 +503,9 @@ def test_a_migration_of_short_statements_held_past_the_threshold_pages(
 # -- Applications idle by design --------------------------------------------------------------
 
 # Que's locker, reproduced with psycopg (Que is a Ruby gem: RubyGems is out of reach here, and
-# no PyPI, npm or Debian package takes one lock per job on an idle consumer). As Que 2.4.1's
+# none of PyPI's, npm's or Debian's packages searched takes one lock per job on an idle
+# consumer: delayed_job and Sidekiq take none, the Python and Node queues lock rows with SKIP
+# LOCKED). As Que 2.4.1's
 # lib/que/locker.rb does: the locker's own connection names itself
 # set_config('application_name', 'Que Locker: ' || its pid), locks each job it hands out with
 # pg_try_advisory_lock(job id) in its poll (a recursive CTE, as Que's), and sits idle while a
