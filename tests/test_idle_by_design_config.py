@@ -3,15 +3,19 @@ located, the catalog's chosen, holders matched and mapped apart from the leak se
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support import IDLE, load_config_file, snapshot_of, write_config
 
 from pg_advisory_exporter.cli import main
 from pg_advisory_exporter.collect.series import server_samples
+from pg_advisory_exporter.config.model import FileConfig
+from pg_advisory_exporter.durations import parse_duration
 from pg_advisory_exporter.keys.appnames import RewriteRule
 from pg_advisory_exporter.keys.catalog import selected_idle_by_design
 from pg_advisory_exporter.keys.idle_by_design import (
@@ -186,3 +190,43 @@ def test_the_label_is_the_rewritten_name_and_the_match_the_name_given() -> None:
     assert _values(samples, "pg_advisory_idle_by_design_seconds") == {
         ("orders", "app", "que-locker", "que_locker"): 600.0
     }
+
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def _examples() -> list[Any]:
+    """The `collection.idle_by_design` lists of the YAML examples in the configuration's and
+    the runbook's pages."""
+    blocks = [
+        yaml.safe_load(block)
+        for page in (DOCS / "configuration.md", DOCS / "runbook.md")
+        for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.DOTALL)
+    ]
+    return [
+        block["collection"]["idle_by_design"]
+        for block in blocks
+        if isinstance(block, dict) and "idle_by_design" in (block.get("collection") or {})
+    ]
+
+
+def test_the_documented_examples_are_valid_and_tune_the_catalog_as_it_is() -> None:
+    examples = _examples()
+    assert len(examples) >= 4, "the file's, the section's, the others' and the runbook's"
+    for entries in examples:
+        FileConfig.model_validate({"collection": {"idle_by_design": entries}, "targets": [TARGET]})
+    catalog = {entry.name: entry.pattern for entry in CATALOG}
+    tuned = [e for entries in examples for e in entries if e["name"] in catalog]
+    assert tuned, "the runbook tunes a catalog entry"
+    assert all(e["pattern"] == catalog[e["name"]] for e in tuned)
+
+
+def test_the_documented_table_is_the_catalog() -> None:
+    page = (DOCS / "configuration.md").read_text()
+    section = page.split("\n## Applications idle by design\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(
+        r"^\| `([\w.:-]+)` \| [^|]+ \| [^|]+ \| pattern `([^`]+)` \| (\w+) \|", section, re.M
+    )
+    assert [(name, pattern, parse_duration(bound)) for name, pattern, bound in rows] == [
+        (entry.name, entry.pattern, entry.max_hold) for entry in CATALOG
+    ]
