@@ -107,6 +107,13 @@ LEADER_LOCK_SQL = "SELECT pg_advisory_lock(42)"
 [_RAILS_MIGRATION] = catalog.key_configs([catalog.BY_NAME["rails_migration"]], [BILLING_DB])
 RAILS_MIGRATION_LOCK_SQL = f"SELECT pg_try_advisory_lock({_RAILS_MIGRATION.key})"
 BILLING_CRON_LOCK_SQL = "SELECT pg_advisory_lock(-6110350855857795459)"
+# Que's locker: its connection names itself as Que's lib/que/locker.rb does and holds one
+# session lock per job while workers run the jobs elsewhere: idle by design (the catalog's
+# que_locker), judged against its max_hold, never a leak.
+QUE_LOCKER_SQL = (
+    "SELECT set_config('application_name', 'Que Locker: ' || pg_backend_pid(), false), "
+    "pg_advisory_lock(g) FROM generate_series(800001, 800003) AS g"
+)
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -259,6 +266,8 @@ PLAYS = (
             BILLING_CRON_LOCK_SQL, BILLING_DB),
     _holder("rails-migrate", "Rails' migration lock on billing: a deploy stuck mid-migration",
             RAILS_MIGRATION_LOCK_SQL, BILLING_DB),
+    _holder("Que Locker: *", "3 jobs' session locks on billing, idle while workers run them",
+            QUE_LOCKER_SQL, BILLING_DB),
 )  # fmt: skip
 
 

@@ -354,7 +354,7 @@ def _holders_and_waiters() -> list[PanelBuilder]:
             "Longest idle holder by application",
             "How long the longest-idle session holding an advisory lock has been idle (or idle "
             "in transaction), per application; holders of migration tools' or long_lived keys "
-            "only do not count. Above the "
+            "only, and idle holders of applications idle by design, do not count. Above the "
             f"line ({leaked_after}) PgAdvisoryLockLeaked pages: end the session as the runbook "
             "says and fix the code path that leaves the lock behind.",
             "s",
@@ -365,7 +365,27 @@ def _holders_and_waiters() -> list[PanelBuilder]:
                 )
             ],
             limit=ALERTS.leaked_lock_after,
-            width=24,
+        ),
+        _timeseries(
+            "Idle by design, against each bound",
+            "Applications that hold advisory locks on idle connections on purpose (a job "
+            "queue's consumer, a migrator's lock connection: the idle_by_design entries of the "
+            "configuration and the catalog): how long the longest-idle holder has sat on its "
+            "locks, and each entry's max_hold. Past its bound, PgAdvisoryIdleByDesignHeldTooLong "
+            "pages: the work it holds them for is stuck, or the lock has leaked.",
+            "s",
+            [
+                Query(
+                    f"max by ({GROUP}, idle_by_design) "
+                    f"({sel('pg_advisory_idle_by_design_seconds')})",
+                    "{{application_name}} in " + IN_DATABASE + " ({{idle_by_design}})",
+                ),
+                Query(
+                    "max by (idle_by_design) "
+                    f"({sel('pg_advisory_idle_by_design_max_hold_seconds')})",
+                    "{{idle_by_design}} max_hold",
+                ),
+            ],
         ),
         _timeseries(
             "Waiters by application",

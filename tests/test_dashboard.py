@@ -66,11 +66,8 @@ def test_the_dashboard_shows_every_series_of_the_contract() -> None:
     # a refused reload is an alert's matter (PgAdvisoryExporterWebConfigRefused,
     # PgAdvisoryExporterConfigRefused). Extensions' own locks have no panel yet: every panel's
     # queries must return series in the real Prometheus of the test below, whose scenario
-    # takes none (tests/test_extension_tags.py builds what takes them); nor have applications
-    # idle by design, whose holders that scenario does not run (tests/test_alerting_end_to_end.py).
+    # takes none (tests/test_extension_tags.py builds what takes them).
     assert unused == {
-        "pg_advisory_idle_by_design_seconds",
-        "pg_advisory_idle_by_design_max_hold_seconds",
         "pg_advisory_extension_locks",
         "pg_advisory_log_extension_lock_waits_total",
         "pg_advisory_exporter_build_info",
@@ -237,6 +234,12 @@ def seed_scenarios(session: Session) -> Iterator[None]:
     # ... the leader lock and a negative key in the billing database ...
     session("leader-elector", dbname="billing").execute("SELECT pg_advisory_lock(42)")
     session("billing-cron", dbname="billing").execute("SELECT pg_advisory_lock(-7310001)")
+    # ... Que's locker holding three jobs' keys while their workers run them (idle by design,
+    # named as Que names it: the catalog's que_locker) ...
+    session("que", dbname="billing").execute(
+        "SELECT set_config('application_name', 'Que Locker: ' || pg_backend_pid(), false), "
+        "pg_advisory_lock(g) FROM generate_series(900001, 900003) AS g"
+    )
     # ... and a second signup request waiting for the first.
     waiter = session("signup-api", autocommit=False)
     blocked = threading.Thread(target=waiter.execute, args=(email_key,))
