@@ -52,6 +52,10 @@ def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], entries: Any) -
             "idle_by_design[0] (q).pattern: bad regular expression '((': missing ): ((",
         ),
         (
+            [{"name": "q", "application_name": "", "max_hold": "5m"}],
+            "idle_by_design[0] (q).application_name: String should have at least 1 character",
+        ),
+        (
             [{"name": "q", "application_name": "a"}],
             "idle_by_design[0] (q).max_hold: required field is missing",
         ),

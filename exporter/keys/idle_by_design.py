@@ -28,8 +28,9 @@ class IdleByDesignConfig(Strict):
     pattern (RE2, matching the whole name), and the longest idle hold that is still normal."""
 
     name: str = Field(pattern=KEY_NAME_PATTERN)
-    application_name: str | None = None
-    pattern: str | None = None
+    # Never empty: that would name every client that gives no name.
+    application_name: str | None = Field(default=None, min_length=1)
+    pattern: str | None = Field(default=None, min_length=1)
     max_hold: Duration
 
     @field_validator("pattern")
