@@ -298,10 +298,16 @@ class Server:
             self._directory.forget(self)  # it reaches no server: another may read that one
             return self._failed(started, str(exc))
         except psycopg.Error as exc:
+            full = refused_for_full_table(exc)
+            if full and not reused and self._directory.renew(self):
+                # Its recheck of a server another reads: the one read goes on through that
+                # one, and the full table pages once, there.
+                self._connection.drop()
+                raise self._read_through() from None
             if self._connection_lost(expired):
                 self._connection.drop()
                 self._directory.forget(self)
-            if refused_for_full_table(exc):
+            if full:
                 # The read on a kept connection takes no lock-table entry (snapshot.py); one
                 # refused is a new connection's, or a session whose caches had to read a
                 # shared catalog again: the full table, not the exporter, is the news.
