@@ -70,7 +70,7 @@ class Target:
                 locks_page_info(self.name, f"{external_url}{LOCKS_PATH}?target={quote(self.name)}")
             ]
         )
-        self._rules = [rule.rule() for rule in self.settings.application_name_rewrites]
+        self._rules = self.settings.rewrite_rules
         # The server's own log, where the target names it: read on a thread of its own.
         self._server_log = (
             None

@@ -1,4 +1,5 @@
-"""The /locks read of a server: its statement, its rows mapped to backends, a target read once."""
+"""The /locks read of a server: its statement, its rows mapped to backends, a target read once
+on the connection its server keeps."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from psycopg.rows import dict_row
 
 from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.collection import Reading
-from pg_advisory_exporter.collect.connection import Session, new_session
 from pg_advisory_exporter.collect.databases import NO_DATABASES, Databases
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Hold, Holder, Holds, hold_of
 from pg_advisory_exporter.collect.poolers import Poolers, PoolerView, owner
@@ -318,38 +318,17 @@ def read_poolers(
         poolers.close()
 
 
-def answer(
-    target: TargetSettings,
-    watchdog: Watchdog,
-    first: Callable[[Session], None] | None = None,
-    holds: Callable[[], Holds] = lambda: NO_HOLDS,
-) -> tuple[Forensics, Session]:
-    """Read the target once on a new connection (`check`'s: a one-shot command has no other):
-    the server, then its poolers, all within one collection's deadline (connect_timeout +
-    statement_timeout + 1s); and the session it was read on, now closed. `first` runs on that
-    session before the read (`check` reads the collection's statement there); `holds` gives
-    what the collections saw held, asked once the read is done. Raises Unanswered."""
-    settings = target.locks_page
-    deadline = target.collection.collection_deadline
-    started = time.monotonic()
-    with new_session(target, watchdog, deadline) as session:
-        if first is not None:
-            first(session)
-        rows = read_rows(session.conn, settings)
-    views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
-    reading = Reading(session.conn, session.registry, session.databases)
-    return _built(target, rows, reading, views, holds()), session
-
-
 def answer_kept(
     target: TargetSettings,
     server: Server,
     watchdog: Watchdog,
     holds: Callable[[], Holds] = lambda: NO_HOLDS,
+    poolers: tuple[PoolerView, ...] | None = None,
 ) -> Forensics:
     """Read the target once on the connection its server keeps, between two collections
-    (the daemon's /locks: never a new connection, since none can start while the lock table
-    is full), then its poolers, within one collection's deadline. Raises Unanswered."""
+    (never a new connection, since none can start while the lock table is full), then its
+    poolers, unless given (`check`'s collection has just read them), within one collection's
+    deadline: the daemon's /locks, and `check` after its one collection. Raises Unanswered."""
     deadline = target.collection.collection_deadline
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
@@ -359,7 +338,11 @@ def answer_kept(
         return reading
 
     reading = server.between_collections(read, deadline)
-    views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
+    views = (
+        read_poolers(target, watchdog, deadline - (time.monotonic() - started))
+        if poolers is None
+        else poolers
+    )
     return _built(target, rows, reading, views, holds())
 
 
@@ -378,5 +361,5 @@ def _built(
         databases=reading.databases,
         query_text=target.locks_page.query_text,
         holds=holds,
-        rules=[rule.rule() for rule in target.collection.application_name_rewrites],
+        rules=target.collection.rewrite_rules,
     )
