@@ -17,7 +17,7 @@ from .collect.dead_client import ReleaseSettings
 from .collect.holds import NO_HOLDS, Holds, HoldTracker
 from .collect.pg_stat_statements import StatementsRead, read_once
 from .collect.scheduling import Watchdog
-from .collect.series import KeyGroup, key_groups
+from .collect.series import KeyActivity, key_activity
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
 from .collect.vocabulary import NOTHING, format_age, format_held
 from .config.settings import Config, TargetSettings
@@ -56,11 +56,11 @@ class Checked:
         return grant_read_all_stats(self.role)
 
     @functools.cached_property
-    def key_groups(self) -> Mapping[tuple[str, str], KeyGroup]:
+    def key_groups(self) -> Mapping[tuple[str, str], KeyActivity]:
         """Each registered key's holders, waiters and longest hold by (database, key name),
         as the series count them: computed once for the sections that show them."""
         assert self.snapshot is not None
-        return key_groups(self.snapshot, self.registry, self.holds)
+        return key_activity(self.snapshot, self.registry, self.holds)
 
 
 def _header(checked: Checked, out: TextIO) -> None:
