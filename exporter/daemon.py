@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from . import __version__, logs
 from .collect.arrangement import Arrangement, arrange, connects_as
 from .collect.directory import Directory, Rank
+from .collect.pg_stat_statements import READERS_POOL
 from .collect.scheduling import CollectionPool, Watchdog
 from .collect.server import Server
 from .collect.target import Target
@@ -274,6 +275,7 @@ class Daemon:
         self.pool.shutdown()
         self._arranged.close()
         self._discovered.close()
+        READERS_POOL.shutdown()
 
 
 def _own(config: Config) -> list[TargetSettings]:

@@ -20,7 +20,7 @@ from .collect.directory import Directory
 from .collect.holds import NO_HOLDS, Holds
 from .collect.pg_stat_statements import StatementsRead, read_once
 from .collect.scheduling import CollectionPool, Watchdog
-from .collect.series import KeyGroup, key_groups
+from .collect.series import KeyActivity, key_activity
 from .collect.server import Server
 from .collect.snapshot import ServerSnapshot, grant_read_all_stats
 from .collect.vocabulary import NOTHING, format_age, format_held
@@ -60,11 +60,11 @@ class Checked:
         return grant_read_all_stats(self.role)
 
     @functools.cached_property
-    def key_groups(self) -> Mapping[tuple[str, str], KeyGroup]:
+    def key_activity(self) -> Mapping[tuple[str, str], KeyActivity]:
         """Each registered key's holders, waiters and longest hold by (database, key name),
         as the series count them: computed once for the sections that show them."""
         assert self.snapshot is not None
-        return key_groups(self.snapshot, self.registry, self.holds)
+        return key_activity(self.snapshot, self.registry, self.holds)
 
 
 def _header(checked: Checked, out: TextIO) -> None:
@@ -94,7 +94,7 @@ def _registered_keys(checked: Checked, out: TextIO) -> None:
     own = [key for key in registry.entries if not key.catalog]
     if not own:
         return
-    groups = checked.key_groups
+    groups = checked.key_activity
     out.write(f"\n  Registered keys ({len(own)})\n")
     rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
     for key in own:
@@ -118,7 +118,7 @@ def _well_known_keys(checked: Checked, out: TextIO) -> None:
         return
     in_use = [
         (datname, name, group)
-        for (datname, name), group in checked.key_groups.items()
+        for (datname, name), group in checked.key_activity.items()
         if name in names and (group.holders or group.waiters)
     ]
     out.write(f"\n  Well-known keys in use ({len(in_use)})\n")
