@@ -134,7 +134,7 @@ def test_hostile_values_are_bounded_escaped_and_stay_on_one_line() -> None:
     encoded = script.replace("'", "%27")
     found = _caller(
         f"{LOCK} /*a='{'v' * 10_000}',b='line%0Abreak\r\nhere',c='{encoded}',"
-        f"d='bad%zz%C3%28%',{'k' * 500}='1',e='\u202etxt.exe'*/"
+        f"d='bad%zz%C3%28%',{'k' * 500}='1',e='\u202etxt.exe',f='%1B%5B31mred'*/"
     )
     values = dict(found.tags)
     assert values["a"] == "v" * (VALUE_LENGTH - 1) + "…"
@@ -143,6 +143,7 @@ def test_hostile_values_are_bounded_escaped_and_stay_on_one_line() -> None:
     assert values["d"] == "bad%zz\ufffd(%"  # invalid encoding kept, invalid UTF-8 replaced
     assert ("k" * (KEY_LENGTH - 1) + "…", "1") in found.tags
     assert values["e"] == "\\u202etxt.exe"
+    assert values["f"] == "\\x1b[31mred"  # no terminal escape reaches check's output
     assert len(found.text) <= CALLER_LENGTH
     assert found.text.endswith("…")
     assert "\n" not in found.text

@@ -19,6 +19,7 @@ hostile annotation cannot break a line of `check` or fake one.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -64,10 +65,14 @@ class Caller:
         return shorten(", ".join(f"{key}={value}" for key, value in self.tags), CALLER_LENGTH)
 
 
+# Scanning costs about 0.75 ms for a statement of 4,096 characters in 2,000 tokens (pglast
+# makes an object of each): 0.4 s for a page of 500 such backends. Many backends run the same
+# statement (a pool of workers), and a text without the start of a comment is never scanned.
+@functools.lru_cache(maxsize=256)
 def caller_of(statement: str | None) -> Caller | None:
     """The caller that `statement`'s annotations name, or None where it has none. Never
     raises: a text the scanner cannot read at all has no caller."""
-    if not statement:
+    if not statement or ("/*" not in statement and "--" not in statement):
         return None
     styles: list[str] = []
     tags: list[tuple[str, str]] = []
