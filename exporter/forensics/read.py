@@ -21,6 +21,7 @@ from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.config.targets import LocksPageSettings
+from pg_advisory_exporter.hygiene.callers import caller_of
 from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.key_config import Level
@@ -37,6 +38,10 @@ LOCKS_PER_BACKEND = 50
 MAX_BACKENDS = 500
 # The backends listed as holding the most of the shared lock table, of every lock type.
 TABLE_HOLDERS = 10
+# How much of each backend's last statement is read for its caller (hygiene/callers.py):
+# all of it at the server's default track_activity_query_size (1024 bytes) and four times
+# that; an annotation past it, at the end of a longer statement, is not seen.
+CALLER_TEXT_LENGTH = 4096
 
 # One statement, in autocommit, so that pg_locks and pg_stat_activity describe one moment.
 # Like the collection's, it names functions only (pg_lock_status() and pg_stat_get_activity()
@@ -69,7 +74,8 @@ TABLE_HOLDERS = 10
 # - client_port is -1 for a Unix socket: read as NULL, like a hidden one (nullif is syntax,
 #   not a pg_catalog function).
 # - {query} selects the query text only where the target turns it on, cut to a length on the
-#   server: the column is not read at all otherwise.
+#   server: the column is not sent otherwise. caller_text is always read, for the caller its
+#   comments name, which is all that is kept of it.
 # - The start of the backend and of its transaction, and now(), as Unix times: what the
 #   collection reads them as, so that a backend is the one its holds were tracked under, and
 #   what bounds how long it has held its locks (collect/holds.py).
@@ -120,7 +126,8 @@ backends AS (
 ),
 ranked AS (
     SELECT b.*, a.datid, a.application_name, a.client_addr, a.client_port, a.backend_start,
-           a.state, a.state_change, a.xact_start{query},
+           a.state, a.state_change, a.xact_start,
+           pg_catalog.left(a.query, %(caller_text_length)s) AS caller_text{query},
            row_number() OVER (ORDER BY b.waiting DESC, b.blocking DESC,
                                        a.state_change NULLS LAST, b.pid) AS rank,
            count(*) OVER () AS backends_total
@@ -150,7 +157,7 @@ SELECT h.table_holders, extract(epoch FROM now())::float8 AS now_unix,
        extract(epoch FROM now() - r.state_change)::float8 AS state_seconds,
        r.xact_start,
        extract(epoch FROM r.backend_start)::float8 AS backend_start_unix,
-       extract(epoch FROM r.xact_start)::float8 AS xact_start_unix{query_column}
+       extract(epoch FROM r.xact_start)::float8 AS xact_start_unix, r.caller_text{query_column}
 FROM table_holders AS h
 LEFT JOIN ranked AS r ON r.rank <= %(max_backends)s
 ORDER BY r.rank
@@ -243,6 +250,7 @@ def backend_from_row(
         lock_entries=row["lock_entries"],
         locks=locks,
         query=row.get("query"),
+        caller=caller_of(row["caller_text"]),
         pooled=owner(poolers, row["pid"], row["client_addr"], row["client_port"]),
     )
     if not backend.held_entries:
@@ -294,6 +302,7 @@ def parameters(settings: LocksPageSettings) -> dict[str, int]:
         "locks_per_backend": LOCKS_PER_BACKEND,
         "max_backends": MAX_BACKENDS,
         "table_holders": TABLE_HOLDERS,
+        "caller_text_length": CALLER_TEXT_LENGTH,
         "query_text_length": settings.query_text_length,
     }
 
