@@ -215,6 +215,13 @@ def test_locks_and_check_show_each_caller_escaped_and_bounded(
     assert any(line.endswith(f"a={SCRIPT}, b=line\\nbreak, c=</td><b>raw") for line in listed)
     # The waiter and four holders: each Django one and those expected, less the trailing one.
     assert len(listed) == 1 + 2 + len(expected) - 2
+    # Turned off, not a character of the statements is read: no caller anywhere.
+    quiet = {"locks_page": {"callers": False}, "targets": [{"name": "main", "dsn": monitor_dsn}]}
+    path = write_config(tmp_path, quiet, "quiet.yaml")
+    result = cli("check", "--format", "json", "--config.file", str(path), check=True)
+    [target] = json.loads(result.stdout)
+    assert set(_callers(target).values()) == {None}
+    assert len(_callers(target)) >= len(expected) + 2
 
     web.proceed()  # its view returns, its connection closes: the waiter gets the lock
     web.finish()

@@ -302,7 +302,7 @@ def parameters(settings: LocksPageSettings) -> dict[str, int]:
         "locks_per_backend": LOCKS_PER_BACKEND,
         "max_backends": MAX_BACKENDS,
         "table_holders": TABLE_HOLDERS,
-        "caller_text_length": CALLER_TEXT_LENGTH,
+        "caller_text_length": CALLER_TEXT_LENGTH if settings.callers else 0,
         "query_text_length": settings.query_text_length,
     }
 
