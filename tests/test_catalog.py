@@ -56,6 +56,14 @@ def test_the_names_are_the_contract() -> None:
         "pg_partman_drop_partition_id", "pg_partman_drop_partition_time",
         "pg_partman_reapply_constraints", "pg_partman_run_analyze", "pgqueuer_upgrade",
         "pgqueuer_statistics", "airflow_migration", "authentik_migration",
+        # Job queues, leader elections, mutexes and schedulers (well_known_queues.py).
+        "rihanna_jobs", "electric_replication", "unleash_migration",
+        "langchain_pgvector_extension", "langchaingo_pgvector_collection",
+        "langchaingo_pgvector_embedding", "marten_async_daemon", "wolverine_leader_election",
+        "spicedb_gc", "spicedb_revision_heartbeat", "n8n_auth_roles_sync",
+        "n8n_trusted_key_refresh", "netbox_available_prefixes", "netbox_available_ips",
+        "netbox_available_vlans", "netbox_available_asns", "netbox_job_schedules",
+        "terraform_pg_backend_create",
     )  # fmt: skip
     # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
@@ -63,12 +71,23 @@ def test_the_names_are_the_contract() -> None:
         "grafana_migration", "prisma_migrate", "sqitch", "goose", "goose_legacy", "flyway",
         "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
         "pgboss_migration", "pgqueuer_upgrade", "airflow_migration", "authentik_migration",
+        "unleash_migration", "langchain_pgvector_extension", "langchaingo_pgvector_collection",
+        "langchaingo_pgvector_embedding",
     )  # fmt: skip
     assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
     assert [e.name for e in ENTRIES if not e.default] == [
-        "airflow_migration",
-        "authentik_migration",
-    ]
+        "airflow_migration", "authentik_migration", "marten_async_daemon",
+        "wolverine_leader_election", "spicedb_gc", "spicedb_revision_heartbeat",
+        "n8n_auth_roles_sync", "n8n_trusted_key_refresh", "netbox_available_prefixes",
+        "netbox_available_ips", "netbox_available_vlans", "netbox_available_asns",
+        "netbox_job_schedules", "terraform_pg_backend_create",
+    ]  # fmt: skip
+    # Held on purpose by a connection that idles while the work runs elsewhere: never a leak.
+    assert [e.name for e in ENTRIES if e.idle_holder] == [
+        "pg_repack", "rihanna_jobs", "electric_replication", "marten_async_daemon",
+        "spicedb_revision_heartbeat",
+    ]  # fmt: skip
+    assert {e.kind for e in ENTRIES} == {"migration", "maintenance", "queue", "leader", "mutex"}
     assert tuple(e for e in ENTRIES if e.default) == DEFAULTS
 
 
@@ -133,8 +152,31 @@ def test_fixed_keys_follow_from_their_recipes() -> None:
         "tern": 9628173550095224,
         "airflow_migration": 1,
         "authentik_migration": 1000,
+        # The constants of each library's source (well_known_queues.py cites the lines).
+        "unleash_migration": 479341,  # db-lock.ts, defaultLockKey
+        "langchain_pgvector_extension": 1573678846307946496,  # langchain-postgres 0.0.19
+        "langchaingo_pgvector_collection": 1573678846307946495,  # pgLockIDCollectionTable
+        "langchaingo_pgvector_embedding": 1573678846307946494,  # pgLockIDEmbeddingTable
+        "marten_async_daemon": 4444,  # DaemonLockId
+        "wolverine_leader_election": 9999999,  # PostgresqlNodePersistence.LeaderLockId
+        "spicedb_gc": 1,  # locks.go, gcRunLock
+        "spicedb_revision_heartbeat": 2,  # locks.go, revisionHeartbeatLock
+        "n8n_auth_roles_sync": 1001,  # DbLock.AUTH_ROLES_SYNC
+        "n8n_trusted_key_refresh": 1002,  # DbLock.TRUSTED_KEY_REFRESH
+        "netbox_available_prefixes": 100100,  # ADVISORY_LOCK_KEYS['available-prefixes']
+        "netbox_available_ips": 100200,
+        "netbox_available_vlans": 100300,
+        "netbox_available_asns": 100400,
+        "netbox_job_schedules": 110100,
+        "terraform_pg_backend_create": -1,  # pg_try_advisory_lock(-1), the creation lock
     }
     assert {name: BY_NAME[name].key for name in fixed} == fixed
+    # Rihanna's classid (config.ex's default) paired with each job's id; Electric's lock is
+    # the server's hashtext() of its slot's default name.
+    assert BY_NAME["rihanna_jobs"].form == KeyConfig(name="_", namespace=1_759_441_536)
+    assert BY_NAME["electric_replication"].form == KeyConfig(
+        name="_", text="electric_slot_default", hash="hashtext"
+    )
 
 
 DATABASES = ["orders", "postgres", "Caf\u00e9 \u2603", "x" * 63, "plumless", "buckeroo"]
@@ -358,6 +400,41 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ),
         ("airflow_migration", "SELECT pg_advisory_lock(1)", True),
         ("authentik_migration", "SELECT pg_advisory_lock(1000)", True),
+        # A job of id 42, as Rihanna's lock/3 takes it ($1::integer, (j).id).
+        ("rihanna_jobs", "SELECT pg_try_advisory_lock(1759441536::integer, 42)", True),
+        (
+            "electric_replication",
+            "SELECT pg_advisory_lock(hashtext('electric_slot_default'))",
+            True,
+        ),
+        ("unleash_migration", "SELECT pg_advisory_lock(479341)", True),
+        (
+            "langchain_pgvector_extension",
+            "SELECT pg_advisory_xact_lock(1573678846307946496)",
+            False,
+        ),
+        (
+            "langchaingo_pgvector_collection",
+            "SELECT pg_advisory_xact_lock(1573678846307946495)",
+            False,
+        ),
+        (
+            "langchaingo_pgvector_embedding",
+            "SELECT pg_advisory_xact_lock(1573678846307946494)",
+            False,
+        ),
+        # Opt-in: named by the exporter that chooses them.
+        ("marten_async_daemon", "SELECT pg_try_advisory_lock(4444)", True),
+        ("wolverine_leader_election", "SELECT pg_try_advisory_lock(9999999)", True),
+        ("spicedb_revision_heartbeat", "SELECT pg_try_advisory_lock(2)", True),
+        ("n8n_auth_roles_sync", "SELECT pg_advisory_xact_lock(1001)", False),
+        ("n8n_trusted_key_refresh", "SELECT pg_try_advisory_xact_lock(1002)", False),
+        *(
+            (name, f"SELECT pg_advisory_lock({BY_NAME[name].key})", True)
+            for name in NAMES
+            if name.startswith("netbox_")
+        ),
+        ("terraform_pg_backend_create", "SELECT pg_try_advisory_lock(-1)", True),
     ]
 
 
@@ -389,13 +466,16 @@ def test_every_entry_is_named_when_its_library_holds_it(
         assert conn.execute(statement).fetchone() in {(True,), ("",), (None,)}, name
     # Rails' key for orders, taken in another database, is no Rails lock there.
     session("impostor").execute(f"SELECT pg_advisory_lock({_key('rails_migration', db)})")
-    chosen = ["rails_migration", "airflow_migration", "authentik_migration"]
-    # Three exporters, one choice each: targets of one exporter that name one server are
-    # read once, with the first one's settings.
+    opt_in = [e.name for e in ENTRIES if not e.default and e.name != "spicedb_gc"]
+    chosen = ["rails_migration", *opt_in]
+    # Four exporters, one choice each: targets of one exporter that name one server are
+    # read once, with the first one's settings. SpiceDB's gc lock is Airflow's key, 1: named
+    # by an exporter that chooses it alone.
     choices: dict[str, Config] = {
         "main": {},
         "chosen": {"catalog": chosen},
         "none": {"catalog": False},
+        "spicedb": {"catalog": ["spicedb_gc"]},
     }
     exporters = {
         name: start_exporter(
@@ -412,6 +492,8 @@ def test_every_entry_is_named_when_its_library_holds_it(
     assert scrape.value("pg_advisory_key_waiters", target="main", key="flyway", datname=db) == 0
     mine = {(name, db): 1.0 for name in chosen}
     exporters["chosen"].scrape_until(lambda s: _catalog_keys(s, "chosen") == mine)
+    spicedb = {("spicedb_gc", db): 1.0}
+    exporters["spicedb"].scrape_until(lambda s: _catalog_keys(s, "spicedb") == spicedb)
     none = exporters["none"].scrape_until(lambda s: bool(s.find("pg_advisory_up", target="none")))
     assert _catalog_keys(none, "none") == {}
 
