@@ -7,7 +7,7 @@ is copied here. Keys small enough that other software may well use them too (a h
 
 Left out, the key being no constant a catalog can name: Que and good_job 4 lock a key per job
 (its id; an md5 of the table's name and the id), Oban and Ecto's migration lock Erlang's
-phash2 (shared/postgres-facts.md); tooz's PostgreSQL driver (read at openstack/tooz 04866ab9,
+phash2 (docs/configuration.md says so); tooz's PostgreSQL driver (read at openstack/tooz 04866ab9,
 tooz/drivers/pgsql.py) pairs the first two bytes of the md5 of the name the application gives.
 """
 
