@@ -59,8 +59,8 @@ def test_the_names_are_the_contract() -> None:
         # Job queues, leader elections, mutexes and schedulers (well_known_queues.py).
         "rihanna_jobs", "electric_replication", "unleash_migration",
         "langchain_pgvector_extension", "langchaingo_pgvector_collection",
-        "langchaingo_pgvector_embedding", "marten_async_daemon", "wolverine_leader_election",
-        "spicedb_gc", "spicedb_revision_heartbeat", "n8n_auth_roles_sync",
+        "langchaingo_pgvector_embedding", "airflow_scheduler", "marten_async_daemon",
+        "wolverine_leader_election", "spicedb_gc", "spicedb_revision_heartbeat", "n8n_auth_roles_sync",
         "n8n_trusted_key_refresh", "netbox_available_prefixes", "netbox_available_ips",
         "netbox_available_vlans", "netbox_available_asns", "netbox_job_schedules",
         "terraform_pg_backend_create",
@@ -76,7 +76,7 @@ def test_the_names_are_the_contract() -> None:
     )  # fmt: skip
     assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
     assert [e.name for e in ENTRIES if not e.default] == [
-        "airflow_migration", "authentik_migration", "marten_async_daemon",
+        "airflow_migration", "authentik_migration", "airflow_scheduler", "marten_async_daemon",
         "wolverine_leader_election", "spicedb_gc", "spicedb_revision_heartbeat",
         "n8n_auth_roles_sync", "n8n_trusted_key_refresh", "netbox_available_prefixes",
         "netbox_available_ips", "netbox_available_vlans", "netbox_available_asns",
@@ -157,6 +157,7 @@ def test_fixed_keys_follow_from_their_recipes() -> None:
         "langchain_pgvector_extension": 1573678846307946496,  # langchain-postgres 0.0.19
         "langchaingo_pgvector_collection": 1573678846307946495,  # pgLockIDCollectionTable
         "langchaingo_pgvector_embedding": 1573678846307946494,  # pgLockIDEmbeddingTable
+        "airflow_scheduler": 2,  # DBLocks.SCHEDULER_CRITICAL_SECTION, enum.auto()
         "marten_async_daemon": 4444,  # DaemonLockId
         "wolverine_leader_election": 9999999,  # PostgresqlNodePersistence.LeaderLockId
         "spicedb_gc": 1,  # locks.go, gcRunLock
@@ -466,16 +467,18 @@ def test_every_entry_is_named_when_its_library_holds_it(
         assert conn.execute(statement).fetchone() in {(True,), ("",), (None,)}, name
     # Rails' key for orders, taken in another database, is no Rails lock there.
     session("impostor").execute(f"SELECT pg_advisory_lock({_key('rails_migration', db)})")
-    opt_in = [e.name for e in ENTRIES if not e.default and e.name != "spicedb_gc"]
+    # SpiceDB's gc lock is Airflow's migration key, 1, and Airflow's scheduler lock SpiceDB's
+    # heartbeat key, 2: named as such by an exporter that chooses them.
+    shared = ["spicedb_gc", "airflow_scheduler"]
+    opt_in = [e.name for e in ENTRIES if not e.default and e.name not in shared]
     chosen = ["rails_migration", *opt_in]
     # Four exporters, one choice each: targets of one exporter that name one server are
-    # read once, with the first one's settings. SpiceDB's gc lock is Airflow's key, 1: named
-    # by an exporter that chooses it alone.
+    # read once, with the first one's settings.
     choices: dict[str, Config] = {
         "main": {},
         "chosen": {"catalog": chosen},
         "none": {"catalog": False},
-        "spicedb": {"catalog": ["spicedb_gc"]},
+        "shared": {"catalog": shared},
     }
     exporters = {
         name: start_exporter(
@@ -492,8 +495,8 @@ def test_every_entry_is_named_when_its_library_holds_it(
     assert scrape.value("pg_advisory_key_waiters", target="main", key="flyway", datname=db) == 0
     mine = {(name, db): 1.0 for name in chosen}
     exporters["chosen"].scrape_until(lambda s: _catalog_keys(s, "chosen") == mine)
-    spicedb = {("spicedb_gc", db): 1.0}
-    exporters["spicedb"].scrape_until(lambda s: _catalog_keys(s, "spicedb") == spicedb)
+    named = {(name, db): 1.0 for name in shared}
+    exporters["shared"].scrape_until(lambda s: _catalog_keys(s, "shared") == named)
     none = exporters["none"].scrape_until(lambda s: bool(s.find("pg_advisory_up", target="none")))
     assert _catalog_keys(none, "none") == {}
 

@@ -116,6 +116,22 @@ QUEUES: tuple[CatalogEntry, ...] = (
         )
     ),
     # Opt-in: small keys that other software may well use for something else.
+    # Apache Airflow's scheduler (read in airflow/jobs/scheduler_job_runner.py of 2.x and
+    # airflow-core/src/airflow/jobs/scheduler_job_runner.py of 3.x): _executable_task_
+    # instances_to_queued runs SELECT pg_try_advisory_xact_lock(:id) with DBLocks
+    # .SCHEDULER_CRITICAL_SECTION (airflow/utils/db.py, enum.auto() = 2) before it locks the
+    # pool rows, in each scheduler loop's transaction.
+    CatalogEntry(
+        name="airflow_scheduler",
+        library="Apache Airflow scheduler (its critical section)",
+        versions="2.x, 3.x",
+        key_text="2",
+        level="transaction (pg_try_advisory_xact_lock)",
+        kind="mutex",
+        lock_level="transaction",
+        key=2,
+        default=False,
+    ),
     # Marten's async projection daemon (read at JasperFx/marten: DaemonSettings.cs and, in
     # 7.x-8.x, ProjectionOptions; Events/Daemon/Coordination/AdvisoryLock.cs): DaemonLockId
     # = 4444 unless configured; the leader's AdvisoryLock takes it with Weasel's
