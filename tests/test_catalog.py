@@ -60,10 +60,10 @@ def test_the_names_are_the_contract() -> None:
         "rihanna_jobs", "electric_replication", "unleash_migration",
         "langchain_pgvector_extension", "langchaingo_pgvector_collection",
         "langchaingo_pgvector_embedding", "airflow_scheduler", "marten_async_daemon",
-        "wolverine_leader_election", "spicedb_gc", "spicedb_revision_heartbeat", "n8n_auth_roles_sync",
-        "n8n_trusted_key_refresh", "netbox_available_prefixes", "netbox_available_ips",
-        "netbox_available_vlans", "netbox_available_asns", "netbox_job_schedules",
-        "terraform_pg_backend_create",
+        "wolverine_leader_election", "spicedb_gc", "spicedb_revision_heartbeat",
+        "n8n_auth_roles_sync", "n8n_trusted_key_refresh", "netbox_available_prefixes",
+        "netbox_available_ips", "netbox_available_vlans", "netbox_available_asns",
+        "netbox_job_schedules", "terraform_pg_backend_create",
     )  # fmt: skip
     # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
