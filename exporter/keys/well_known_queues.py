@@ -29,11 +29,11 @@ _NETBOX = (
 )
 
 QUEUES: tuple[CatalogEntry, ...] = (
-    # Rihanna (Elixir; read at samsondav/rihanna 050a53ff, 2.x): lib/rihanna/job.ex, lock/3
-    # takes pg_try_advisory_lock($1::integer, (j).id) per job with the classid of
-    # lib/rihanna/config.ex, pg_advisory_lock_class_id (1_759_441_536 unless configured),
-    # on the dispatcher's connection, which sits idle while the job's process runs it;
-    # mark_successful / mark_failed unlock it.
+    # Rihanna (Elixir; read at samsondav/rihanna 050a53ff, config.ex at 1515fd73, 2.x):
+    # lib/rihanna/job.ex, lock/3 takes pg_try_advisory_lock($1::integer, (j).id) per job with
+    # the classid of lib/rihanna/config.ex, pg_advisory_lock_class_id (1_759_441_536 unless
+    # configured), on the dispatcher's connection, which sits idle while the job's process
+    # runs it; mark_successful / mark_failed unlock it.
     CatalogEntry(
         name="rihanna_jobs",
         library="Rihanna (Elixir; one lock per running job)",
@@ -167,7 +167,8 @@ QUEUES: tuple[CatalogEntry, ...] = (
     # SpiceDB (read at authzed/spicedb 478c1f29): internal/datastore/postgres/locks.go,
     # gcRunLock = 1 and revisionHeartbeatLock = 2; tryAcquireLock runs SELECT
     # pg_try_advisory_lock($1) on a connection of its write pool: the garbage collection
-    # run's, and the revision heartbeat leader's for as long as it leads, the pooled
+    # run's, and the revision heartbeat leader's (the datastore's startRevisionHeartbeat
+    # retries it until elected, then holds it for as long as it runs), the pooled
     # connection idle between beats.
     CatalogEntry(
         name="spicedb_gc",
