@@ -45,7 +45,6 @@ from psycopg.rows import TupleRow
 
 from benchmarks import positive
 from devtools.embedded_postgres import DEFAULT_MAJOR, EmbeddedPostgres, free_port
-from pg_advisory_exporter.collect.capacity import lock_table_capacity
 from pg_advisory_exporter.collect.connection import (
     connect_to_server,
     prepare_session,
@@ -796,7 +795,7 @@ def run(locks: int, backends: int, repeat: int, pg_version: int) -> Result:
                     timing_conn.execute(CREATE_DATABASE_SQL.format(datname))
             snapshot = read_snapshot(timing_conn)
             version = snapshot.server_version
-            capacity = lock_table_capacity(snapshot.capacity_settings)
+            capacity = snapshot.lock_table_capacity
             progress(f"PostgreSQL {version} up; {backends} backends take {locks:,} locks")
             started = time.monotonic()
             hold_locks(pg, locks, backends, stack)

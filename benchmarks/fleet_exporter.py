@@ -4,8 +4,8 @@ Run as `python -m benchmarks.fleet_exporter CONFIG_FILE` (the file's `web.listen
 says where it listens). It is the real daemon (`Daemon`: its collection pool, watchdog,
 HTTP server, /metrics and /probe, logs), with one change: every configured target gets a
 server of its own (`Server`: its own connection and its own collections), as it does when
-each target names another server. The daemon's own `_arrange` gives the targets that name
-one host and port one server, and its identity check merges the targets that reach one
+each target names another server. The daemon's own arrangement gives the targets that connect
+alike one server, and its identity check merges the targets that reach one
 server under other addresses (the same postmaster start and system identifier): right for a
 real deployment, but it makes N targets of one throwaway server one collection. Here they
 stay N collections, each read by a connection of its own, which is what N servers would cost
@@ -19,13 +19,12 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from types import FrameType
 
 from pg_advisory_exporter import logs
 from pg_advisory_exporter.collect.directory import Directory
 from pg_advisory_exporter.collect.server import Server
-from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.daemon import Daemon
@@ -34,28 +33,13 @@ from pg_advisory_exporter.daemon import Daemon
 class DistinctServers(Daemon):
     """The daemon, each of whose targets is read as a server of its own."""
 
-    def _arrange(
-        self,
-        configs: Sequence[TargetSettings],
-        old_targets: Mapping[str, Target],
-        old_servers: Mapping[str, Server],
-    ) -> tuple[dict[str, Target], dict[str, Server]]:
-        # No reuse across reloads (the benchmark never reloads), and a directory of its own
-        # for each server: none is merged with another by its identity.
-        targets: dict[str, Target] = {}
-        servers: dict[str, Server] = {}
-        for rank, config in enumerate(configs):
-            server = Server(config, self.pool, self._watchdog, Directory())
-            servers[config.name] = server
-            targets[config.name] = Target(
-                config,
-                self.pool,
-                self._watchdog,
-                self.config.web.external_url,
-                server=server,
-                rank=(rank,),
-            )
-        return targets, servers
+    # A directory of its own for each server (none is merged with another by its identity),
+    # and a server for each target, however alike they connect.
+    def _make_server(self, config: TargetSettings) -> Server:
+        return Server(config, self.pool, self._watchdog, Directory())
+
+    def _server_key(self, config: TargetSettings) -> Hashable:
+        return config.name
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,16 +6,17 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from . import __version__, logs
-from .collect.directory import Directory
+from .collect.arrangement import Arrangement, arrange, connects_as
+from .collect.directory import Directory, Rank
+from .collect.pg_stat_statements import READERS_POOL
 from .collect.scheduling import CollectionPool, Watchdog
 from .collect.server import Server
 from .collect.target import Target
-from .config.dsn import server_of
 from .config.exporter_settings import split_listen_address
 from .config.settings import Config, TargetSettings
 from .forensics.answers import Answer, OnDemand, on_demand
@@ -57,10 +58,10 @@ class Daemon:
         # under two names read it once.
         self._directory: Directory[Server] = Directory()
         # Another shard's targets are not connected to at all.
-        self._targets, self._servers = self._arrange(_own(config), {}, {})
+        self._arranged = self._arrange(_own(config), Arrangement())
         # Their /locks answers, read on request only: a reload that changes a target makes
         # a new Target, and with it new answers.
-        self._locks = self._answers(self._targets, {})
+        self._locks = self._answers(self._arranged.targets, {})
         for note in config.notes:
             log.warning(note)
         # The servers that probes name through an auth module; never in /metrics.
@@ -84,41 +85,20 @@ class Daemon:
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
 
-    def _arrange(
-        self,
-        configs: Sequence[TargetSettings],
-        old_targets: Mapping[str, Target],
-        old_servers: Mapping[str, Server],
-    ) -> tuple[dict[str, Target], dict[str, Server]]:
-        """The targets and their servers, by name and by address (the DSN's host and port):
-        targets that name one address share its server, made from the first of them (which
-        answers for it). What is unchanged is kept, with its connection and last collection."""
-        targets: dict[str, Target] = {}
-        servers: dict[str, Server] = {}
-        for rank, config in enumerate(configs):
-            address = server_of(config.dsn)
-            server = servers.get(address)
-            if server is None:
-                old = old_servers.get(address)
-                server = servers[address] = (
-                    old
-                    if old is not None and old.config == config
-                    else Server(config, self.pool, self._watchdog, self._directory)
-                )
-            kept = old_targets.get(config.name)
-            if kept is not None and kept.config == config and kept.server is server:
-                kept.rank = (rank,)
-                targets[config.name] = kept
-            else:
-                targets[config.name] = Target(
-                    config,
-                    self.pool,
-                    self._watchdog,
-                    self.config.web.external_url,
-                    server=server,
-                    rank=(rank,),
-                )
-        return targets, servers
+    def _arrange(self, configs: Sequence[TargetSettings], old: Arrangement) -> Arrangement:
+        """The targets of this shard on their servers (collect/arrangement.py)."""
+
+        def make_target(config: TargetSettings, server: Server, rank: Rank) -> Target:
+            return Target(config, self.config.web.external_url, server=server, rank=rank)
+
+        return arrange(configs, old, self._make_server, make_target, self._server_key)
+
+    def _make_server(self, config: TargetSettings) -> Server:
+        return Server(config, self.pool, self._watchdog, self._directory)
+
+    def _server_key(self, config: TargetSettings) -> Hashable:
+        """Targets alike in this share a server."""
+        return connects_as(config)
 
     def discover(
         self, target: str, auth_module: str, timeout: float | None = None
@@ -139,10 +119,10 @@ class Daemon:
         return self.config.web.max_requests
 
     def targets(self) -> list[Target]:
-        return list(self._targets.values())
+        return list(self._arranged.targets.values())
 
     def target(self, name: str) -> Target | None:
-        return self._targets.get(name)
+        return self._arranged.targets.get(name)
 
     def elsewhere(self, name: str) -> str | None:
         """Why a configured target of another shard is not served here; None for the others.
@@ -150,7 +130,7 @@ class Daemon:
         Only its own replica connects to it, so a server never gets a second connection.
         """
         shard = self.config.shard
-        if name in self._targets or all(t.name != name for t in self.config.targets):
+        if name in self._arranged.targets or all(t.name != name for t in self.config.targets):
             return None
         return (
             f"target {name!r} is collected by shard {shard.owner(name)} of {shard.total}; "
@@ -219,31 +199,27 @@ class Daemon:
         logs.setup(config.log.level, config.log.format)
         for note in config.notes:
             log.warning(note)
-        old, old_servers = self._targets, self._servers
+        arranged = self._arranged
+        old = arranged.targets
         answers = {name: (old[name], self._locks[name]) for name in old}
-        new, self._servers = self._arrange(_own(config), old, old_servers)
-        self._locks = self._answers(new, answers)
-        self._targets = new  # one assignment: a scrape sees the old set or the new one
+        new = self._arrange(_own(config), arranged)
+        self._locks = self._answers(new.targets, answers)
+        self._arranged = new  # one assignment: a scrape sees the old set or the new one
         self.config = dataclasses.replace(
             config,
             web=self.config.web,
             max_parallel_collections=self.config.max_parallel_collections,
         )
         self._discovered.update(config.auth_modules, config.discovered_targets)
-        for name, target in old.items():
-            if new.get(name) is not target:
-                target.close()
-        kept_servers = set(map(id, self._servers.values()))
-        for server in old_servers.values():
-            if id(server) not in kept_servers:
-                server.close()
+        new.close_unused(arranged)
+        now = new.targets
         log.info(
             "configuration reloaded",
             extra={
-                "targets": ",".join(new),
-                "added": ",".join(n for n in new if n not in old),
-                "removed": ",".join(n for n in old if n not in new),
-                "changed": ",".join(n for n in new if n in old and new[n] is not old[n]),
+                "targets": ",".join(now),
+                "added": ",".join(n for n in now if n not in old),
+                "removed": ",".join(n for n in old if n not in now),
+                "changed": ",".join(n for n in now if n in old and now[n] is not old[n]),
                 "shard": f"{config.shard.index}/{config.shard.total}",
             },
         )
@@ -268,7 +244,7 @@ class Daemon:
                     else self.config.web.listen_address
                 ),
                 "telemetry_path": self.telemetry_path,
-                "targets": ",".join(self._targets),
+                "targets": ",".join(self._arranged.targets),
                 "shard": f"{self.config.shard.index}/{self.config.shard.total}",
                 "web_config": "none" if self._access is None else self._access.current().summary,
                 "version": __version__,
@@ -297,11 +273,9 @@ class Daemon:
     def _close(self) -> None:
         self._server.server_close()
         self.pool.shutdown()
-        for target in self._targets.values():
-            target.close()
-        for server in self._servers.values():
-            server.close()
+        self._arranged.close()
         self._discovered.close()
+        READERS_POOL.shutdown()
 
 
 def _own(config: Config) -> list[TargetSettings]:

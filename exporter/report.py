@@ -12,19 +12,23 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .alerting.rules import Thresholds
-from .collect.connection import Session, Unanswered
-from .collect.dead_client import ReleaseSettings
-from .collect.holds import NO_HOLDS, Holds, HoldTracker
+from .collect.capacity import FULL_TABLE_NO_SESSION, FULL_TABLE_REFUSAL
+from .collect.collection import Collection
+from .collect.connection import Unanswered
+from .collect.dead_client import Override, ReleaseSettings, read_overrides
+from .collect.directory import Directory
+from .collect.holds import NO_HOLDS, Holds
 from .collect.pg_stat_statements import StatementsRead, read_once
-from .collect.scheduling import Watchdog
-from .collect.series import KeyGroup, key_groups
-from .collect.snapshot import ServerSnapshot, grant_read_all_stats, read_snapshot
+from .collect.scheduling import CollectionPool, Watchdog
+from .collect.series import KeyActivity, key_activity
+from .collect.server import Server
+from .collect.snapshot import ServerSnapshot, grant_read_all_stats
 from .collect.vocabulary import NOTHING, format_age, format_held
 from .config.settings import Config, TargetSettings
 from .durations import format_duration
 from .forensics.model import Forensics
 from .forensics.page_json import forensics_json, statements_json
-from .forensics.read import answer
+from .forensics.read import answer_kept
 from .forensics.text import print_forensics, print_statements, table
 from .keys import catalog
 from .keys.appnames import RewriteRule, rewrite
@@ -56,11 +60,11 @@ class Checked:
         return grant_read_all_stats(self.role)
 
     @functools.cached_property
-    def key_groups(self) -> Mapping[tuple[str, str], KeyGroup]:
+    def key_activity(self) -> Mapping[tuple[str, str], KeyActivity]:
         """Each registered key's holders, waiters and longest hold by (database, key name),
         as the series count them: computed once for the sections that show them."""
         assert self.snapshot is not None
-        return key_groups(self.snapshot, self.registry, self.holds)
+        return key_activity(self.snapshot, self.registry, self.holds)
 
 
 def _header(checked: Checked, out: TextIO) -> None:
@@ -90,7 +94,7 @@ def _registered_keys(checked: Checked, out: TextIO) -> None:
     own = [key for key in registry.entries if not key.catalog]
     if not own:
         return
-    groups = checked.key_groups
+    groups = checked.key_activity
     out.write(f"\n  Registered keys ({len(own)})\n")
     rows = [("KEY", "DATABASE", "HOLDERS", "WAITERS", "HELD FOR", "LIMIT")]
     for key in own:
@@ -114,7 +118,7 @@ def _well_known_keys(checked: Checked, out: TextIO) -> None:
         return
     in_use = [
         (datname, name, group)
-        for (datname, name), group in checked.key_groups.items()
+        for (datname, name), group in checked.key_activity.items()
         if name in names and (group.holders or group.waiters)
     ]
     out.write(f"\n  Well-known keys in use ({len(in_use)})\n")
@@ -158,34 +162,6 @@ def _top_applications(checked: Checked, out: TextIO) -> None:
         )
 
 
-# The settings that end a dead or stuck client's session, where a role or a database sets
-# them (ALTER ROLE ... SET, ALTER DATABASE ... SET): the exporter's own session shows the
-# server's, and these apply to the sessions they name instead.
-OVERRIDES_SQL = """
-SELECT coalesce(r.rolname, '') AS rolname, coalesce(d.datname, '') AS datname, c.setting
-FROM pg_catalog.pg_db_role_setting AS s
-LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = s.setrole
-LEFT JOIN pg_catalog.pg_database AS d ON d.oid = s.setdatabase
-CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
-WHERE pg_catalog.split_part(c.setting, '=', 1) IN (
-    'tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count',
-    'tcp_user_timeout', 'idle_session_timeout', 'idle_in_transaction_session_timeout')
-ORDER BY 1, 2, 3
-"""
-
-
-@dataclass(frozen=True)
-class Override:
-    rolname: str  # "" for every role
-    datname: str  # "" for every database
-    setting: str  # name=value
-
-    def __str__(self) -> str:
-        where = [f"role {self.rolname}"] * bool(self.rolname)
-        where += [f"database {self.datname}"] * bool(self.datname)
-        return f"{self.setting} ({', '.join(where)})"
-
-
 @dataclass(frozen=True)
 class Hygiene:
     """What makes a leak likely or long on one server: the settings' overrides (read in
@@ -194,10 +170,6 @@ class Hygiene:
 
     overrides: tuple[Override, ...]
     statements: StatementsRead | None = None
-
-
-def read_overrides(session: Session) -> tuple[Override, ...]:
-    return tuple(Override(*row) for row in session.conn.execute(OVERRIDES_SQL).fetchall())
 
 
 def _settings_words(settings: ReleaseSettings) -> str:
@@ -299,51 +271,72 @@ def report_json(checked: Checked) -> dict[str, Any]:
     }
 
 
-def check_target(target: TargetSettings, watchdog: Watchdog) -> Checked:
-    snapshots: list[ServerSnapshot] = []
-    overrides: list[tuple[Override, ...]] = []
-    holds: list[Holds] = []
-
-    def collect(session: Session) -> None:
-        # A one-shot command reads pg_locks twice: the collection's statement for the lock
-        # table and the registry's keys, the forensics statement for who holds and awaits
-        # what. The daemon never does both at once.
-        snapshot = read_snapshot(session.conn, session.registry, session.databases)
-        snapshots.append(snapshot)
-        # One look and no history: each lock is held at least since its holder went idle.
-        holds.append(HoldTracker().update(snapshot, session.registry))
-        overrides.append(read_overrides(session))
-
+def check_target(target: TargetSettings, pool: CollectionPool, watchdog: Watchdog) -> Checked:
+    """One target as a scrape reads it, once: a collection of its own server (the statement,
+    the holds, the poolers), then on the same connection the forensics read as /locks makes
+    it and the settings' overrides; pg_stat_statements as the daemon reads it, on a
+    connection of its own, so that no slow read of it can fail the check."""
+    # The one rare read of pg_stat_statements is check's own, not the collection's.
+    quiet = target.collection.model_copy(update={"statements_interval": 0.0})
+    server = Server(
+        target.model_copy(update={"collection": quiet}),
+        pool,
+        watchdog,
+        Directory(),
+        announce=False,
+    )
     try:
-        forensics, session = answer(target, watchdog, collect, lambda: holds[0])
+        pending = server.begin(urgent=True)
+        collection = pending if isinstance(pending, Collection) else pending.result()
+        if collection.snapshot is None:
+            return Checked(target.name, error=_check_error(collection))
+        deadline = target.collection.collection_deadline
+        forensics = answer_kept(
+            target, server, watchdog, lambda: collection.holds, collection.poolers
+        )
+        overrides = server.between_collections(
+            lambda reading: read_overrides(reading.conn), deadline
+        )
     except Unanswered as exc:
         return Checked(target.name, error=str(exc))
-    # pg_stat_statements as the daemon reads it: no slow read of it can fail the check.
+    finally:
+        server.close()
     statements = read_once(target, watchdog) if target.collection.statements_interval else None
-    hygiene = Hygiene(overrides[0], statements)
     return Checked(
         target.name,
-        session.role,
-        snapshots[0],
-        session.registry,
+        server.role,
+        collection.snapshot,
+        server.registry,
         forensics,
-        hygiene,
-        holds=holds[0],
-        rules=tuple(rule.rule() for rule in target.collection.application_name_rewrites),
+        Hygiene(overrides, statements),
+        holds=collection.holds,
+        rules=target.collection.rewrite_rules,
     )
 
 
+def _check_error(collection: Collection) -> str:
+    """Why the collection failed, as a one-shot command says it: at a full lock table, that
+    no new session can start, and that a running exporter can still read."""
+    error = collection.error or "no snapshot"
+    if collection.refused_for_full_table:
+        return FULL_TABLE_NO_SESSION + error.removeprefix(FULL_TABLE_REFUSAL)
+    return error
+
+
 def run_check(config: Config, out: TextIO = sys.stdout, output: str = "text") -> int:
-    watchdog = Watchdog()
+    watchdog, pool = Watchdog(), CollectionPool(1)
     results = []
-    for target in config.targets:
-        checked = check_target(target, watchdog)
-        results.append(checked)
-        if output == "text":  # as each target is read: a person watches it come
-            if checked.error is not None:
-                out.write(f"Target {checked.name}: cannot collect: {checked.error}\n\n")
-            else:
-                print_report(checked, out)
+    try:
+        for target in config.targets:
+            checked = check_target(target, pool, watchdog)
+            results.append(checked)
+            if output == "text":  # as each target is read: a person watches it come
+                if checked.error is not None:
+                    out.write(f"Target {checked.name}: cannot collect: {checked.error}\n\n")
+                else:
+                    print_report(checked, out)
+    finally:
+        pool.shutdown()
     if output == "json":
         out.write(json.dumps([report_json(checked) for checked in results], indent=2) + "\n")
     return 0 if all(checked.error is None for checked in results) else EXIT_UNREACHABLE

@@ -93,10 +93,10 @@ def md5_key(text: str) -> int:
 def snapshot_of(*backends: BackendLocks) -> ServerSnapshot:
     return ServerSnapshot(
         server_version="15.18",
+        server_version_num=150018,
         current_database="app",
         read_at=READ_AT,
         capacity_settings=CapacitySettings(
-            server_version_num=150018,
             max_locks_per_transaction=64,
             max_connections=100,
             autovacuum_max_workers=3,

@@ -55,27 +55,23 @@ DEFAULTS = {
     ],
 )
 def test_default_capacity_per_version(version: int, slots: int | None, expected: int) -> None:
-    settings = CapacitySettings(
-        server_version_num=version, autovacuum_worker_slots=slots, **DEFAULTS
-    )
-    assert lock_table_capacity(settings) == expected
+    settings = CapacitySettings(autovacuum_worker_slots=slots, **DEFAULTS)
+    assert lock_table_capacity(settings, version) == expected
 
 
 def test_prepared_transactions_count_like_backends() -> None:
-    settings = CapacitySettings(
-        server_version_num=150000, **{**DEFAULTS, "max_prepared_transactions": 10}
-    )
-    assert lock_table_capacity(settings) == 64 * (122 + 10)
+    settings = CapacitySettings(**{**DEFAULTS, "max_prepared_transactions": 10})
+    assert lock_table_capacity(settings, 150000) == 64 * (122 + 10)
 
 
 def test_versions_without_a_verified_formula_have_no_capacity() -> None:
-    settings = CapacitySettings(server_version_num=200000, autovacuum_worker_slots=16, **DEFAULTS)
-    assert lock_table_capacity(settings) is None
+    settings = CapacitySettings(autovacuum_worker_slots=16, **DEFAULTS)
+    assert lock_table_capacity(settings, 200000) is None
 
 
 def test_postgresql_18_needs_its_worker_slots() -> None:
     with pytest.raises(ValueError, match="autovacuum_worker_slots"):
-        max_backends(CapacitySettings(server_version_num=180000, **DEFAULTS))
+        max_backends(CapacitySettings(**DEFAULTS), 180000)
 
 
 # The server sizes its "Proc Array" shared-memory struct as a fixed header plus one int per
@@ -104,7 +100,7 @@ def test_capacity_matches_the_running_servers_own_slot_count() -> None:
                 row = conn.execute(_PROC_ARRAY_SIZE).fetchone()
             server.stop()
             assert row is not None
-            capacity = lock_table_capacity(snapshot.capacity_settings)
+            capacity = snapshot.lock_table_capacity
             assert capacity is not None
             slots, remainder = divmod(capacity, settings["max_locks_per_transaction"])
             assert remainder == 0
@@ -189,12 +185,11 @@ def test_entries_leave_out_fast_path_locks_and_count_advisory_ones_apart(
 
 def _at(entries: int, version: int = 150000, refused_at: int | None = None) -> ServerSnapshot:
     settings = CapacitySettings(
-        server_version_num=version,
-        autovacuum_worker_slots=16 if version >= 180000 else None,
-        **DEFAULTS,
+        autovacuum_worker_slots=16 if version >= 180000 else None, **DEFAULTS
     )
     return dataclasses.replace(
         snapshot_of(),
+        server_version_num=version,
         capacity_settings=settings,
         lock_table_entries=entries,
         refused_at=refused_at,

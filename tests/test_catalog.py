@@ -56,6 +56,14 @@ def test_the_names_are_the_contract() -> None:
         "pg_partman_drop_partition_id", "pg_partman_drop_partition_time",
         "pg_partman_reapply_constraints", "pg_partman_run_analyze", "pgqueuer_upgrade",
         "pgqueuer_statistics", "airflow_migration", "authentik_migration",
+        # Job queues, leader elections, mutexes and schedulers (well_known_queues.py).
+        "rihanna_jobs", "electric_replication", "unleash_migration",
+        "langchain_pgvector_extension", "langchaingo_pgvector_collection",
+        "langchaingo_pgvector_embedding", "airflow_scheduler", "marten_async_daemon",
+        "wolverine_leader_election", "spicedb_gc", "spicedb_revision_heartbeat",
+        "n8n_auth_roles_sync", "n8n_trusted_key_refresh", "netbox_available_prefixes",
+        "netbox_available_ips", "netbox_available_vlans", "netbox_available_asns",
+        "netbox_job_schedules", "terraform_pg_backend_create",
     )  # fmt: skip
     # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
@@ -63,12 +71,23 @@ def test_the_names_are_the_contract() -> None:
         "grafana_migration", "prisma_migrate", "sqitch", "goose", "goose_legacy", "flyway",
         "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
         "pgboss_migration", "pgqueuer_upgrade", "airflow_migration", "authentik_migration",
+        "unleash_migration", "langchain_pgvector_extension", "langchaingo_pgvector_collection",
+        "langchaingo_pgvector_embedding",
     )  # fmt: skip
     assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
     assert [e.name for e in ENTRIES if not e.default] == [
-        "airflow_migration",
-        "authentik_migration",
-    ]
+        "airflow_migration", "authentik_migration", "airflow_scheduler", "marten_async_daemon",
+        "wolverine_leader_election", "spicedb_gc", "spicedb_revision_heartbeat",
+        "n8n_auth_roles_sync", "n8n_trusted_key_refresh", "netbox_available_prefixes",
+        "netbox_available_ips", "netbox_available_vlans", "netbox_available_asns",
+        "netbox_job_schedules", "terraform_pg_backend_create",
+    ]  # fmt: skip
+    # Held on purpose by a connection that idles while the work runs elsewhere: never a leak.
+    assert [e.name for e in ENTRIES if e.idle_holder] == [
+        "pg_repack", "rihanna_jobs", "electric_replication", "marten_async_daemon",
+        "spicedb_revision_heartbeat",
+    ]  # fmt: skip
+    assert {e.kind for e in ENTRIES} == {"migration", "maintenance", "queue", "leader", "mutex"}
     assert tuple(e for e in ENTRIES if e.default) == DEFAULTS
 
 
@@ -133,8 +152,32 @@ def test_fixed_keys_follow_from_their_recipes() -> None:
         "tern": 9628173550095224,
         "airflow_migration": 1,
         "authentik_migration": 1000,
+        # The constants of each library's source (well_known_queues.py cites the lines).
+        "unleash_migration": 479341,  # db-lock.ts, defaultLockKey
+        "langchain_pgvector_extension": 1573678846307946496,  # langchain-postgres 0.0.19
+        "langchaingo_pgvector_collection": 1573678846307946495,  # pgLockIDCollectionTable
+        "langchaingo_pgvector_embedding": 1573678846307946494,  # pgLockIDEmbeddingTable
+        "airflow_scheduler": 2,  # DBLocks.SCHEDULER_CRITICAL_SECTION, enum.auto()
+        "marten_async_daemon": 4444,  # DaemonLockId
+        "wolverine_leader_election": 9999999,  # PostgresqlNodePersistence.LeaderLockId
+        "spicedb_gc": 1,  # locks.go, gcRunLock
+        "spicedb_revision_heartbeat": 2,  # locks.go, revisionHeartbeatLock
+        "n8n_auth_roles_sync": 1001,  # DbLock.AUTH_ROLES_SYNC
+        "n8n_trusted_key_refresh": 1002,  # DbLock.TRUSTED_KEY_REFRESH
+        "netbox_available_prefixes": 100100,  # ADVISORY_LOCK_KEYS['available-prefixes']
+        "netbox_available_ips": 100200,
+        "netbox_available_vlans": 100300,
+        "netbox_available_asns": 100400,
+        "netbox_job_schedules": 110100,
+        "terraform_pg_backend_create": -1,  # pg_try_advisory_lock(-1), the creation lock
     }
     assert {name: BY_NAME[name].key for name in fixed} == fixed
+    # Rihanna's classid (config.ex's default) paired with each job's id; Electric's lock is
+    # the server's hashtext() of its slot's default name.
+    assert BY_NAME["rihanna_jobs"].form == KeyConfig(name="_", namespace=1_759_441_536)
+    assert BY_NAME["electric_replication"].form == KeyConfig(
+        name="_", text="electric_slot_default", hash="hashtext"
+    )
 
 
 DATABASES = ["orders", "postgres", "Caf\u00e9 \u2603", "x" * 63, "plumless", "buckeroo"]
@@ -358,6 +401,41 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ),
         ("airflow_migration", "SELECT pg_advisory_lock(1)", True),
         ("authentik_migration", "SELECT pg_advisory_lock(1000)", True),
+        # A job of id 42, as Rihanna's lock/3 takes it ($1::integer, (j).id).
+        ("rihanna_jobs", "SELECT pg_try_advisory_lock(1759441536::integer, 42)", True),
+        (
+            "electric_replication",
+            "SELECT pg_advisory_lock(hashtext('electric_slot_default'))",
+            True,
+        ),
+        ("unleash_migration", "SELECT pg_advisory_lock(479341)", True),
+        (
+            "langchain_pgvector_extension",
+            "SELECT pg_advisory_xact_lock(1573678846307946496)",
+            False,
+        ),
+        (
+            "langchaingo_pgvector_collection",
+            "SELECT pg_advisory_xact_lock(1573678846307946495)",
+            False,
+        ),
+        (
+            "langchaingo_pgvector_embedding",
+            "SELECT pg_advisory_xact_lock(1573678846307946494)",
+            False,
+        ),
+        # Opt-in: named by the exporter that chooses them.
+        ("marten_async_daemon", "SELECT pg_try_advisory_lock(4444)", True),
+        ("wolverine_leader_election", "SELECT pg_try_advisory_lock(9999999)", True),
+        ("spicedb_revision_heartbeat", "SELECT pg_try_advisory_lock(2)", True),
+        ("n8n_auth_roles_sync", "SELECT pg_advisory_xact_lock(1001)", False),
+        ("n8n_trusted_key_refresh", "SELECT pg_try_advisory_xact_lock(1002)", False),
+        *(
+            (name, f"SELECT pg_advisory_lock({BY_NAME[name].key})", True)
+            for name in NAMES
+            if name.startswith("netbox_")
+        ),
+        ("terraform_pg_backend_create", "SELECT pg_try_advisory_lock(-1)", True),
     ]
 
 
@@ -365,6 +443,16 @@ def _partman(function: str, level: str = "", per_table: bool = False) -> str:
     """pg_partman's statement for its lock (pg_partman--4.7.2.sql)."""
     table = ", hashtext('public.events')" if per_table else ""
     return f"SELECT pg_try_advisory{level}_lock(hashtext('pg_partman {function}'){table})"
+
+
+def _idle_holders(scrape: Scrape, target: str, database: str) -> set[str]:
+    """The applications whose idle holders of advisory locks count toward a leak."""
+    return {
+        labels["application_name"]
+        for labels, _ in scrape.find(
+            "pg_advisory_idle_holder_max_seconds", target=target, datname=database
+        )
+    }
 
 
 def _catalog_keys(scrape: Scrape, target: str) -> dict[tuple[str, str], float]:
@@ -389,13 +477,18 @@ def test_every_entry_is_named_when_its_library_holds_it(
         assert conn.execute(statement).fetchone() in {(True,), ("",), (None,)}, name
     # Rails' key for orders, taken in another database, is no Rails lock there.
     session("impostor").execute(f"SELECT pg_advisory_lock({_key('rails_migration', db)})")
-    chosen = ["rails_migration", "airflow_migration", "authentik_migration"]
-    # Three exporters, one choice each: targets of one exporter that name one server are
+    # SpiceDB's gc lock is Airflow's migration key, 1, and Airflow's scheduler lock SpiceDB's
+    # heartbeat key, 2: named as such by an exporter that chooses them.
+    shared = ["spicedb_gc", "airflow_scheduler"]
+    opt_in = [e.name for e in ENTRIES if not e.default and e.name not in shared]
+    chosen = ["rails_migration", *opt_in]
+    # Four exporters, one choice each: targets of one exporter that name one server are
     # read once, with the first one's settings.
     choices: dict[str, Config] = {
         "main": {},
         "chosen": {"catalog": chosen},
         "none": {"catalog": False},
+        "shared": {"catalog": shared},
     }
     exporters = {
         name: start_exporter(
@@ -410,8 +503,22 @@ def test_every_entry_is_named_when_its_library_holds_it(
     scrape = exporters["main"].scrape_until(lambda s: _catalog_keys(s, "main") == defaults)
     assert scrape.find("pg_advisory_key_holders", datname="postgres") == []
     assert scrape.value("pg_advisory_key_waiters", target="main", key="flyway", datname=db) == 0
+    # A holder that idles on purpose (a queue's dispatcher, a leader) is no leak, a
+    # migration's neither, where the catalog's choice names its key; any other idle holder
+    # is judged as any lock's (the opt-in entries' too, unnamed here).
+    assert _idle_holders(scrape, "main", db) == {
+        name.replace("_", "-")
+        for name, _, _ in _takers(db)
+        if not (e := BY_NAME[name]).default or not (e.idle_holder or e.migration)
+    }
     mine = {(name, db): 1.0 for name in chosen}
-    exporters["chosen"].scrape_until(lambda s: _catalog_keys(s, "chosen") == mine)
+    scrape = exporters["chosen"].scrape_until(lambda s: _catalog_keys(s, "chosen") == mine)
+    # Chosen, Marten's leader is no leak; NetBox's mutex, held idle, is judged.
+    assert {"marten-async-daemon", "netbox-job-schedules"} & _idle_holders(
+        scrape, "chosen", db
+    ) == {"netbox-job-schedules"}
+    named = {(name, db): 1.0 for name in shared}
+    exporters["shared"].scrape_until(lambda s: _catalog_keys(s, "shared") == named)
     none = exporters["none"].scrape_until(lambda s: bool(s.find("pg_advisory_up", target="none")))
     assert _catalog_keys(none, "none") == {}
 

@@ -6,10 +6,10 @@ table or a schema its DDL needs), so that the tool holds its advisory lock for a
 test looks; then the test lets go, the tool finishes, and its lock goes with it. Where a tool
 waits for its advisory lock, the test takes that key first, so that the tool is seen waiting
 too. ActiveRecord and Sqitch come from Debian (the test command installs them);
-node-pg-migrate, pg-boss and Kysely from the npm registry, PgQueuer from PyPI, each pinned
-and installed into build/ by tests/clients.py. pg_repack and pg_partman, which run in the
-server, are in test_catalog_extensions.py. Run on every supported version: a tool's session,
-its transactions and its lock are read as each version shows them.
+node-pg-migrate, pg-boss and Kysely from the npm registry, PgQueuer and langchain-postgres from
+PyPI, each pinned and installed into build/ by tests/clients.py. pg_repack and pg_partman,
+which run in the server, are in test_catalog_extensions.py. Run on every supported version: a
+tool's session, its transactions and its lock are read as each version shows them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from clients import (
@@ -280,3 +281,60 @@ def test_pgqueuer_upgrade_and_statistics_locks(
     # As the catalog says (crc32 of the queue table's name; hashtext of the statistics
     # table's), and the exporter named both as the library took them.
     assert keys == PgQueuerKeys(upgrade=2389487409, statistics_text="pgqueuer_statistics")
+
+
+# LangChain's PGVector as an application builds it: the store creates the vector extension
+# under its lock in __post_init__. Whether the server has pgvector or not, the lock is taken
+# first; the script says which way it went.
+LANGCHAIN_PGVECTOR = """\
+import sys
+from importlib.metadata import version
+
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_postgres import PGVector
+
+print(f"langchain-postgres {version('langchain-postgres')}", flush=True)
+try:
+    PGVector(embeddings=DeterministicFakeEmbedding(size=3), connection=sys.argv[1])
+    print("vector store ready")
+except Exception as error:
+    print(f"no vector store: {error}")
+"""
+
+# CREATE EXTENSION waits for the test's row before it runs (an event trigger fires first):
+# the store's transaction holds its advisory lock while it waits.
+EXTENSION_WAITS = """
+CREATE FUNCTION wait_for_blocker() RETURNS event_trigger LANGUAGE plpgsql
+  AS $$ BEGIN UPDATE blocker SET n = n + 1 WHERE id = 1; END $$;
+CREATE EVENT TRIGGER extension_waits ON ddl_command_start WHEN TAG IN ('CREATE EXTENSION')
+  EXECUTE FUNCTION wait_for_blocker();
+"""
+
+
+def test_langchain_pgvector_extension_lock(
+    exporter: RunningExporter,
+    pg: EmbeddedPostgres,
+    py_clients: Path,
+    start_client: StartClient,
+    tmp_path: Path,
+) -> None:
+    database = fresh_database(pg, "embeddings")
+    with pg.connect(database) as conn:
+        conn.execute(EXTENSION_WAITS)
+    (tmp_path / "pgvector.py").write_text(LANGCHAIN_PGVECTOR)
+    url = (
+        f"postgresql+psycopg://postgres:{quote(pg.password)}@127.0.0.1:{pg.port}/{database}"
+        "?application_name=langchain-pgvector"
+    )
+    watch = Watch(exporter, "langchain_pgvector_extension", database)
+    with row_locked(pg, database) as row_holder:
+        store = start_client("langchain", [py_clients, "pgvector.py", url], client_environment(pg))
+        blocked_by(pg, database, row_holder.info.backend_pid)
+        holder = watch.held(store)
+    output = store.finish()
+    watch.gone()
+    assert "langchain-postgres 0.0.19" in output
+    assert holder["application_name"] == "langchain-pgvector"
+    # Taken in the transaction that creates the extension, and held there while it waits.
+    check_level(holder, "transaction")
+    assert holder["state"] == "active"

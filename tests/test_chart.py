@@ -40,7 +40,8 @@ from pg_advisory_exporter.config.collection import CollectionSettings, RewriteRu
 from pg_advisory_exporter.config.exporter_settings import LogConfig
 from pg_advisory_exporter.config.loader import load
 from pg_advisory_exporter.config.model import FileConfig
-from pg_advisory_exporter.config.sources import SETTINGS, Settings, read_flags
+from pg_advisory_exporter.config.settings import Settings
+from pg_advisory_exporter.config.sources import SETTINGS, Flags, settings_from
 from pg_advisory_exporter.config.targets import (
     AUTH_MODULE_OPTIONS,
     AuthModuleConfig,
@@ -1170,13 +1171,14 @@ def test_pass_through_values_reach_the_pod() -> None:
 
 
 def read_chart_flags(args: list[str]) -> Settings:
-    """The exporter's reading of these --flag=value arguments, each a flag of its own."""
+    """The exporter's reading of these --flag=value arguments, each a flag of its own, before
+    load() resolves them (a shard index of `auto` stays so)."""
     values: dict[str, str] = {}
     for arg in args:
         flag, _, value = arg.partition("=")
         (setting,) = (s for s in SETTINGS if s.flag == flag)
         values[setting.dest] = value
-    return read_flags(values)
+    return settings_from(Flags(Settings, values))
 
 
 def test_the_external_url_is_passed_as_the_exporters_flag() -> None:

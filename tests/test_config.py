@@ -27,8 +27,8 @@ from pg_advisory_exporter.config.dsn import (
     with_password,
 )
 from pg_advisory_exporter.config.loader import load
-from pg_advisory_exporter.config.settings import TargetSettings
-from pg_advisory_exporter.config.sources import Given, Settings, read_flags, settings_from
+from pg_advisory_exporter.config.settings import Settings, TargetSettings
+from pg_advisory_exporter.config.sources import Given, settings_from
 from pg_advisory_exporter.logs import LogfmtFormatter
 from pg_advisory_exporter.validation import ConfigError
 from pg_advisory_exporter.yaml_file import MAX_FILE_BYTES
@@ -608,7 +608,7 @@ def test_no_piece_of_a_password_in_a_malformed_dsn_message(tmp_path: Path, cli: 
 )
 def test_no_piece_of_a_password_whatever_libpq_quotes(dsn: str) -> None:
     with pytest.raises(ConfigError) as refused:
-        read_flags({"dsn": dsn})
+        load({"dsn": dsn})
     assert "malformed DSN" in str(refused.value)
     assert "Part2xQ" not in str(refused.value)
 

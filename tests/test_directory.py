@@ -51,7 +51,7 @@ def _made(
     found = []
     for rank, name in enumerate(names):
         server = Server(_settings(name), *parts, directory, clock)
-        found.append((server, Target(_settings(name), *parts, server=server, rank=(rank,))))
+        found.append((server, Target(_settings(name), server=server, rank=(rank,))))
     return found
 
 
@@ -108,13 +108,13 @@ def test_a_whole_server_target_answers_for_it_before_any_database_target(parts: 
     directory: Directory[Server] = Directory()
     server = Server(_settings("pg-1:5432"), *parts, directory, Clock())
     made = [
-        Target(_settings(f"pg-1:5432/{db}"), *parts, server=server, database=db, rank=(1, i))
+        Target(_settings(f"pg-1:5432/{db}"), server=server, database=db, rank=(1, i))
         for i, db in enumerate(("orders", "billing"))
     ]
     assert directory.answering(server, None) is made[0]
     # Of a database the server does not have (dropped since), never.
     assert directory.answering(server, frozenset({"billing"})) is made[1]
-    whole = Target(_settings("pg-1:5432"), *parts, server=server, rank=(0, 2))
+    whole = Target(_settings("pg-1:5432"), server=server, rank=(0, 2))
     assert directory.answering(server, frozenset({"orders", "billing"})) is whole
     whole.close()  # not the server: its other targets read on
     assert directory.answering(server, None) is made[0]
@@ -122,3 +122,27 @@ def test_a_whole_server_target_answers_for_it_before_any_database_target(parts: 
     # A reload reorders them: the next collection says which answers.
     made[1].rank = (0, 0)
     assert directory.answering(server, None) is made[1]
+
+
+def test_a_recheck_refused_for_the_full_table_reads_through_the_first_again(
+    parts: Parts,
+) -> None:
+    """No new connection can start while the lock table is full: the server that read through
+    another goes on doing so (the full table pages once, on the first), and checks again
+    later; one that read through none, or read on its own, is not renewed."""
+    clock = Clock()
+    directory: Directory[Server] = Directory(clock)
+    (node, _), (vip, _) = _made(parts, directory, clock, "orders", "primary")
+    assert not directory.renew(vip)  # it never connected
+    node._claim(PRIMARY)
+    with pytest.raises(_ReadThrough):
+        vip._claim(ServerIdentity(PRIMARY.started, PRIMARY.system_identifier))
+    assert not directory.renew(node)  # the first reads on its own
+    clock.now += SAME_SERVER_RECHECK
+    assert vip.reading_server() is vip  # time to check again; its connection is refused
+    assert directory.renew(vip)
+    assert vip.reading_server() is node
+    clock.now += SAME_SERVER_RECHECK - 1
+    assert vip.reading_server() is node
+    clock.now += 1
+    assert vip.reading_server() is vip

@@ -4,6 +4,7 @@ answers shared, and the page escaped."""
 from __future__ import annotations
 
 import html
+import io
 import json
 import threading
 import time
@@ -12,6 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 from ipaddress import ip_network
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from support import BACKEND_START, Clock, forensic_backend
@@ -26,6 +28,8 @@ from pg_advisory_exporter.forensics.model import Backend, Forensics, LockEntry
 from pg_advisory_exporter.forensics.page import Page, render
 from pg_advisory_exporter.forensics.page_json import forensics_json
 from pg_advisory_exporter.forensics.read import backend_from_row
+from pg_advisory_exporter.forensics.text import print_forensics
+from pg_advisory_exporter.hygiene.callers import caller_of
 from pg_advisory_exporter.keys.key import BIGINT_KEY, INT_PAIR_KEY, AdvisoryKey
 from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.keys.registry import Registry
@@ -182,6 +186,7 @@ def _row(pid: int, locks: Sequence[Sequence[Any]], **fields: Any) -> dict[str, A
         "backend_start_unix": BACKEND_START.timestamp(),
         "xact_start_unix": None,
         "now_unix": BACKEND_START.timestamp() + 3600,
+        "caller_text": None,
         **fields,
     }
 
@@ -286,6 +291,34 @@ def test_hostile_values_are_escaped_in_the_page_and_kept_in_json() -> None:
     without = page_json(replace(found, query_text=False), 0.0)
     assert "query" not in without["holders"][0]
     assert "SELECT '" not in page_html(replace(found, query_text=False), 0.0)
+
+
+def test_the_caller_is_shown_escaped_in_each_format_whatever_query_text_says() -> None:
+    hostile = caller_of(f"SELECT 1 /*controller='{quote(HOSTILE)}',line='a%0Ab'*/")
+    holder = forensic_backend(1, _lock(1), caller=hostile)
+    waiter = forensic_backend(2, _lock(1, waiting_since=1), caller=caller_of(RAILS_TAGGED))
+    found = _read(holder, waiter, query_text=False)
+    text = page_html(found, 0.0)
+    assert "<script" not in text
+    assert f'<span class="note">caller</span> controller={html.escape(HOSTILE)}, line=a\\nb' in text
+    assert '<span class="note">caller</span> application=Shop, action=create' in text
+    [held] = page_json(found, 0.0)["holders"]
+    assert held["caller"] == {
+        "text": f"controller={HOSTILE}, line=a\\nb",
+        "styles": ["sqlcommenter"],
+        "tags": [["controller", HOSTILE], ["line", "a\\nb"]],
+    }
+    out = io.StringIO()
+    print_forensics(found, out)
+    lines = out.getvalue().splitlines()
+    callers = lines.index("  Callers, from the annotations of their last statements")
+    assert lines[callers + 2 : callers + 4] == [
+        "    2    application=Shop, action=create",
+        f"    1    controller={HOSTILE}, line=a\\nb",
+    ]
+
+
+RAILS_TAGGED = "/*application:Shop,action:create*/ SELECT pg_advisory_lock(1)"
 
 
 def test_concurrent_requests_share_one_read_and_later_ones_reuse_it() -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from support import IDLE, READ_AT, snapshot_of
 
 from pg_advisory_exporter.collect.holds import MAX_TRACKED, Hold, Holder, HoldTracker, hold_of
-from pg_advisory_exporter.collect.series import key_groups, leak_exempt, server_samples
+from pg_advisory_exporter.collect.series import key_activity, leak_exempt, server_samples
 from pg_advisory_exporter.collect.snapshot import BackendLocks, KeyUse, ServerSnapshot
 from pg_advisory_exporter.keys.catalog import BY_NAME
 from pg_advisory_exporter.keys.key_config import KeyConfig
@@ -143,7 +143,7 @@ def test_the_key_series_and_report_groups_use_the_hold() -> None:
     tracker.update(_at(0, _busy()), REGISTRY)
     snapshot = _at(900, _busy(state_seconds=0.1))
     holds = tracker.update(snapshot, REGISTRY)
-    assert key_groups(snapshot, REGISTRY, holds)["app", "nightly"].hold_max == 900.0
+    assert key_activity(snapshot, REGISTRY, holds)["app", "nightly"].hold_max == 900.0
     samples = server_samples("main", snapshot, [], 100, REGISTRY, holds=holds).samples
     held = {s.labels: s.value for s in samples if s.name == "pg_advisory_key_hold_seconds"}
     assert held == {("main", "app", "nightly"): 900.0}

@@ -54,6 +54,15 @@ class FakeConnection:
         self.near.close()
         self.far.close()
 
+    def woken(self) -> bool:
+        """Whether the client's end was shut down (interrupt()'s way to wake its reader): the
+        server's end then reads the end of the stream."""
+        self.far.setblocking(False)
+        try:
+            return self.far.recv(1) == b""
+        except BlockingIOError:
+            return False
+
     def reader(self) -> threading.Thread:
         """A thread that waits on the connection, as a collection waits for an answer."""
         near = self.near
@@ -93,6 +102,24 @@ def opened() -> Iterator[Opened]:
     for conn in connections:
         if not conn.closed:
             conn.close()
+
+
+class _WatchedLock:
+    """A lock that tells which threads came to take it, and which one holds it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.comers: list[str] = []
+        self.holder: str | None = None
+
+    def __enter__(self) -> None:
+        self.comers.append(threading.current_thread().name)
+        self._lock.acquire()
+        self.holder = threading.current_thread().name
+
+    def __exit__(self, *exc: object) -> None:
+        self.holder = None
+        self._lock.release()
 
 
 def _ended(thread: threading.Thread, within: float = 2.0) -> bool:
@@ -228,20 +255,29 @@ def test_a_close_while_connecting_leaves_no_connection(opened: Opened) -> None:
     assert not kept.is_open()
 
 
-def test_an_interrupt_cancels_first_and_holds_off_a_close_meanwhile(opened: Opened) -> None:
+def test_an_interrupt_cancels_first_and_holds_off_a_close_meanwhile(
+    opened: Opened, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kept = _kept(opened, cancel=True)
     kept.get()
     conn = opened[0]
+    closing = _WatchedLock()  # what holds off a close while the connection is used elsewhere
+    monkeypatch.setattr(kept, "_closing", closing)
     conn.cancel_gate.clear()  # a server that does not answer the cancel request yet
     reader = conn.reader()
     started = time.monotonic()
     kept.interrupt()
     assert time.monotonic() - started < 0.5, "the caller (the watchdog) was held up"
-    dropping = threading.Thread(target=kept.drop)
+    dropping = threading.Thread(target=kept.drop, name="drop")
     dropping.start()
-    wait_until(lambda: conn.cancels == 1, 5, "the cancel request sent")
-    time.sleep(0.1)  # time for a wrong wake-up or close to happen, if one were coming
-    assert reader.is_alive(), "woken before the cancel request ended"
+    wait_until(
+        lambda: conn.cancels == 1 and "drop" in closing.comers,
+        5,
+        "the cancel request sent, and the close come to wait for it",
+    )
+    # Both have come as far as they may while the cancel request is under way.
+    assert closing.holder == "interrupt", "the cancel request does not hold off a close"
+    assert not conn.woken(), "woken before the cancel request ended"
     assert not conn.closed, "closed while the cancel request used it"
     conn.cancel_gate.set()
     assert _ended(reader)

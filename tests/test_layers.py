@@ -41,6 +41,18 @@ PLANTED = [
      "serverlog.prefix -> pg_advisory_exporter.serverlog.records"),
     ("serverlog/records.py", "from pg_advisory_exporter.config import model", "Package layers",
      "serverlog.records -> pg_advisory_exporter.config.model"),
+    # The socket systemd passes reaching up into the app; a scrape's collectors across into
+    # the discovered targets, an independent sibling.
+    ("http/socket_activation.py", "from . import app", "HTTP layers",
+     "http.socket_activation -> pg_advisory_exporter.http.app"),
+    ("http/collector.py", "from . import discovered", "HTTP layers",
+     "http.collector -> pg_advisory_exporter.http.discovered"),
+    # application_name rewriting reaching up into the key registry; one alert group into
+    # another.
+    ("keys/appnames.py", "from . import registry", "Key layers",
+     "keys.appnames -> pg_advisory_exporter.keys.registry"),
+    ("alerting/lock_table.py", "from . import server_log", "Alerting layers",
+     "alerting.lock_table -> pg_advisory_exporter.alerting.server_log"),
     # The package importing the development tools.
     ("report.py", "import devtools.demo", "No development tools", "report -> devtools"),
 ]  # fmt: skip

@@ -21,7 +21,6 @@ from pg_advisory_exporter.collect.databases import read_databases
 from pg_advisory_exporter.collect.snapshot import grant_read_all_stats, read_snapshot
 from pg_advisory_exporter.config.exporter_settings import WebConfig
 from pg_advisory_exporter.config.loader import load
-from pg_advisory_exporter.config.sources import read_flags
 from pg_advisory_exporter.validation import ConfigError
 
 # Neither the exporter's variables nor DATA_SOURCE_NAME of the shell that runs the tests.
@@ -57,23 +56,24 @@ def test_the_grant_names_any_role_as_postgresql_reads_it(pg: EmbeddedPostgres) -
 
 def test_a_misspelt_scheme_is_named() -> None:
     with pytest.raises(ConfigError) as refused:
-        read_flags({"dsn": "postgresq://u@h/db"})
+        load({"dsn": "postgresq://u@h/db"})
     message = str(refused.value)
     assert "flag --dsn: malformed DSN: unknown scheme 'postgresq://'" in message
     assert "postgresql:// or postgres://" in message
     assert 'missing "="' not in message
     for dsn in ("postgres://u@h/db", "postgresql://u@h/db", "host=h dbname=a://b"):
-        assert read_flags({"dsn": dsn}).dsn == dsn
+        assert load({"dsn": dsn}).targets[0].dsn == dsn
 
 
 def test_a_port_out_of_range_is_named() -> None:
     with pytest.raises(ConfigError) as refused:
-        read_flags({"web_listen_address": ":70000"})
+        load({"web_listen_address": ":70000", "dsn": "host=h"})
     message = str(refused.value)
     range_ = "the port must be a number from 0 to 65535"
     assert f"flag --web.listen-address: ':70000': {range_}" in message
     assert "not host:port" not in message
-    assert read_flags({"web_listen_address": ":65535"}).web.listen_address == ":65535"
+    config = load({"web_listen_address": ":65535", "dsn": "host=h"})
+    assert config.web.listen_address == ":65535"
 
 
 def test_an_unknown_threshold_lists_the_thresholds(capsys: pytest.CaptureFixture[str]) -> None:

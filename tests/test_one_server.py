@@ -422,3 +422,49 @@ def test_the_first_in_the_file_reads_a_server_named_three_ways_whichever_connect
             assert _exporter_roles(own_server) == ["local"]
     finally:
         leak.close()
+
+
+def test_a_first_target_that_cannot_connect_hands_its_address_to_the_next_and_takes_it_back(
+    own_server: EmbeddedPostgres, start_exporter: StartExporter, tmp_path: Path
+) -> None:
+    """Two targets on one address, each with its role's password file (as two Kubernetes
+    Secrets give them): the first's file is missing at the start, so the second reads the
+    server and answers for it; once the file is there, the first reads it and answers, the
+    second through it, on one connection."""
+    passwords = {role: f"{role}-secret" for role in ("first", "second")}
+    with own_server.connect() as conn:
+        for role, password in passwords.items():
+            conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+            conn.execute(f"GRANT pg_read_all_stats TO {role}")
+    (tmp_path / "second").write_text(passwords["second"])
+    config: Config = {
+        "collection": {"min_interval": "100ms"},
+        "targets": [
+            {"name": role,
+             "dsn": f"host=127.0.0.1 port={own_server.port} user={role} dbname=postgres",
+             "password_file": str(tmp_path / role)}
+            for role in passwords
+        ],
+    }  # fmt: skip
+    exporter = start_exporter(config=config)
+
+    def answering(scrape: Scrape) -> list[str]:
+        return [labels["target"] for labels, _ in scrape.find("pg_advisory_server_info")]
+
+    handed = exporter.scrape_until(lambda s: answering(s) == ["second"])
+    assert handed.value("pg_advisory_up", target="second") == 1
+    assert handed.value("pg_advisory_up", target="first") == 0
+    assert _exporter_roles(own_server) == ["second"]
+    assert 'msg="answers for its server" target=second' in exporter.log()
+
+    (tmp_path / "first").write_text(passwords["first"])
+    back = exporter.scrape_until(
+        lambda s: answering(s) == ["first"] and _exporter_roles(own_server) == ["first"]
+    )
+    for role in passwords:
+        assert back.value("pg_advisory_up", target=role) == 1
+    assert {labels["target"] for labels, _ in back.find("pg_advisory_locks")} <= {"first"}
+    assert 'msg="answers for its server" target=first' in exporter.log()
+    for _ in range(5):  # and stays so: one connection to the server
+        time.sleep(0.2)
+        assert _exporter_roles(own_server) == ["first"]

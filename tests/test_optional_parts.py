@@ -17,8 +17,11 @@ from fake_console import FLOAT8, INT4, TEXT, Column, FakeConsole
 from support import SilentServer, StartExporter, load_config
 
 from devtools.embedded_postgres import EmbeddedPostgres
+from pg_advisory_exporter.collect.arrangement import Arrangement, arrange
+from pg_advisory_exporter.collect.directory import Directory
 from pg_advisory_exporter.collect.poolers import POOLER_WAIT, Poolers
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
+from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.model import DEFAULT_PARALLEL_COLLECTIONS
 from pg_advisory_exporter.fleet import resolver
@@ -130,12 +133,17 @@ def _in_process(
     target makes a server of its own, whatever it names: a fleet of servers on the suite's."""
     config = load_config(tmp_path, {"collection": QUICK, "targets": targets})
     pool, watchdog = CollectionPool(config.max_parallel_collections), Watchdog()
-    fleet = [Target(target, pool, watchdog) for target in config.targets]
+    arranged = arrange(
+        config.targets,
+        Arrangement(),
+        lambda target: Server(target, pool, watchdog, Directory()),
+        lambda target, server, rank: Target(target, server=server, rank=rank),
+        key=lambda target: target.name,
+    )
     try:
-        yield fleet, pool
+        yield list(arranged.targets.values()), pool
     finally:
-        for target in fleet:
-            target.close()
+        arranged.close()
         pool.shutdown()
 
 

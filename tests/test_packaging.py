@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import REFUSED_DSN, RunProgram, StartExporter
+from support import REFUSED_DSN, LintImports, RunProgram, StartExporter
 
 from pg_advisory_exporter import __version__
 from pg_advisory_exporter.revision import SHORT, from_checkout
@@ -106,6 +106,18 @@ def test_the_wheel_names_its_version_and_the_revision_it_was_built_from(
         shown = run_program([sys.executable, "-c", _VERSION_OF, tmp_path], cwd=tmp_path)
         assert (shown.returncode, shown.stdout) == (0, f"pg-advisory-exporter {expected}\n")
         (tmp_path / "pg_advisory_exporter" / "_build.py").unlink(missing_ok=True)
+
+
+def test_the_installed_wheel_keeps_the_layers(
+    wheel: zipfile.ZipFile, tmp_path: Path, lint_imports: LintImports
+) -> None:
+    # The wheel holds the build's _build module, which the source tree has not: the
+    # exhaustive contracts must place it there too.
+    wheel.extractall(tmp_path)
+    assert (tmp_path / "pg_advisory_exporter" / "_build.py").is_file()
+    result = lint_imports(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Package layers KEPT" in result.stdout
 
 
 def test_the_image_is_built_from_the_package_alone() -> None:

@@ -262,7 +262,7 @@ def test_an_older_server_is_refused_with_a_clear_message(
     monitor_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No PostgreSQL 13 binaries are at hand; pretend this server is too old instead.
-    monkeypatch.setattr("pg_advisory_exporter.collect.connection.MIN_SERVER_VERSION", 10**7)
+    monkeypatch.setattr("pg_advisory_exporter.collect.reads.MIN_SERVER_VERSION", 10**7)
     settings = CollectionSettings()
     with (
         connect_to_server(monitor_dsn, settings) as conn,

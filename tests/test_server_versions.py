@@ -90,7 +90,6 @@ def test_a_version_maps_the_fields_of_its_reads() -> None:
 
 def _settings() -> dict[str, object]:
     return {
-        "server_version_num": 190000,
         "max_locks_per_transaction": 64,
         "max_connections": 100,
         "autovacuum_max_workers": 3,

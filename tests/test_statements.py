@@ -4,19 +4,22 @@ judged and counted, and the series they make (tests/test_hygiene.py reads a real
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any
 
-from support import IDLE, Clock, snapshot_of
+from support import IDLE, Clock, snapshot_of, wait_until
 
 from pg_advisory_exporter.collect.pg_stat_statements import (
     OVER_LIMIT,
+    READERS,
     SHOWN,
+    Readers,
     Statements,
     StatementsRead,
     judged,
     statements_samples,
 )
-from pg_advisory_exporter.collect.scheduling import Task, Watchdog
+from pg_advisory_exporter.collect.scheduling import Priority, Task, Watchdog
 from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.forensics.page_json import statements_json
@@ -150,6 +153,31 @@ def test_an_interval_of_0_never_reads() -> None:
     statements.due()
     assert pool.queued == []
     assert statements.last() is None
+
+
+def test_the_readers_end_when_shut_down_and_a_later_read_has_new_ones() -> None:
+    readers = Readers()
+    release = threading.Event()
+    workers: list[threading.Thread] = []
+
+    def hold() -> None:
+        workers.append(threading.current_thread())
+        release.wait(30)
+
+    running = [Task(hold) for _ in range(READERS)]
+    queued = Task(lambda: None)  # behind the reads that take every worker
+    readers.enqueue([(task, Priority.ROUTINE) for task in [*running, queued]])
+    wait_until(lambda: all(task.future.running() for task in running), 10, "a worker for each read")
+    readers.shutdown()
+    assert queued.future.cancelled()
+    release.set()
+    for worker in workers:
+        worker.join(10)
+    assert [worker.is_alive() for worker in workers] == [False] * READERS
+    again = Task(lambda: "read")
+    readers.enqueue([(again, Priority.ROUTINE)])
+    assert again.future.result(10) == "read"
+    readers.shutdown()
 
 
 def test_check_says_what_a_read_did_not_judge_even_when_nothing_is_risky() -> None:

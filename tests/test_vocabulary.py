@@ -108,6 +108,7 @@ def _forensics_row(state: str | None, outside: bool) -> dict[str, Any]:
         "outside_transaction": outside, "client_addr": "10.0.0.7", "client_port": 41000,
         "backend_start": None, "state": state, "state_seconds": None, "xact_start": None,
         "backend_start_unix": None, "xact_start_unix": None, "now_unix": 1_800_000_000.0,
+        "caller_text": None,
     }  # fmt: skip
 
 

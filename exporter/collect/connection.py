@@ -23,9 +23,10 @@ from pg_advisory_exporter.keys.catalog_entry import CatalogEntry
 from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.keys.registry import HASH_TEXTS_SQL, NO_KEYS, Note, Registry
 
-from .capacity import FULL_TABLE_NO_SESSION, MIN_SERVER_VERSION, refused_for_full_table
+from .capacity import FULL_TABLE_NO_SESSION, refused_for_full_table
 from .databases import NO_DATABASES, Databases, OddDatabases, read_databases
 from .kept_connection import APPLICATION_NAME, CannotCollect, KeptConnection, connect
+from .reads import server_version
 from .scheduling import Watchdog
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,13 @@ WARM_UP_BYTES = 30 * 1024 * 1024
 WARM_UP_AFTER = 10_000
 WARM_UP_SQL = "SELECT pg_catalog.length(pg_catalog.repeat(' ', %(bytes)s))"
 
-# Run once per connection: the session settings that keep the exporter harmless (and its
-# collection cheap), the server version it checks before the first collection, and what
-# tells this server from others (connection.ServerIdentity): when its postmaster started,
-# and whether the role may read the system identifier (pg_control_system() is PUBLIC by
-# default; some shops revoke it).
+# Run once per connection, on a server of a version the exporter reads (reads.server_version):
+# the session settings that keep the exporter harmless (and its collection cheap), and what
+# tells this server from others (connection.ServerIdentity): when its postmaster started, and
+# whether the role may read the system identifier (pg_control_system() is PUBLIC by default;
+# some shops revoke it).
 SESSION_SQL = """
-SELECT pg_catalog.current_setting('server_version_num')::int AS server_version_num,
-       current_user AS role,
+SELECT current_user AS role,
        pg_catalog.pg_postmaster_start_time() AS started,
        pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')
            AS reads_control,
@@ -193,6 +193,7 @@ def prepare_session(
     catalog entries left out because another entry names the same lock. The caller closes
     the connection if this fails (KeptConnection does).
     """
+    version = server_version(conn)  # a server too old is refused before any statement
     row = conn.execute(
         SESSION_SQL,
         {
@@ -202,12 +203,7 @@ def prepare_session(
         },
     ).fetchone()
     assert row is not None
-    version, role, started, reads_control = row[0], row[1], row[2], row[3]
-    if version < MIN_SERVER_VERSION:
-        raise CannotCollect(
-            f"PostgreSQL {version // 10000} is not supported: pg-advisory-exporter "
-            "needs PostgreSQL 14 or newer (it reads pg_locks.waitstart)"
-        )
+    role, started, reads_control = row[0], row[1], row[2]
     databases = NO_DATABASES
     try:
         databases = read_databases(conn) if names else NO_DATABASES

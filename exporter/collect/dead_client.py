@@ -7,6 +7,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
+
+import psycopg
 
 # Linux's own keepalive settings (net.ipv4.tcp_keepalive_time, _intvl, _probes), which a
 # server setting of 0 leaves in force. A server reports the values in force on a TCP
@@ -82,3 +85,36 @@ def idle_in_transaction_release_seconds(settings: ReleaseSettings) -> float:
     idle_in_transaction_session_timeout ends it, else for ever (+Inf)."""
     timeout = settings.idle_in_transaction_session_timeout
     return timeout if timeout > 0 else math.inf
+
+
+# The settings that end a dead or stuck client's session, where a role or a database sets
+# them (ALTER ROLE ... SET, ALTER DATABASE ... SET): the exporter's own session shows the
+# server's, and these apply to the sessions they name instead.
+OVERRIDES_SQL = """
+SELECT coalesce(r.rolname, '') AS rolname, coalesce(d.datname, '') AS datname, c.setting
+FROM pg_catalog.pg_db_role_setting AS s
+LEFT JOIN pg_catalog.pg_roles AS r ON r.oid = s.setrole
+LEFT JOIN pg_catalog.pg_database AS d ON d.oid = s.setdatabase
+CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
+WHERE pg_catalog.split_part(c.setting, '=', 1) IN (
+    'tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count',
+    'tcp_user_timeout', 'idle_session_timeout', 'idle_in_transaction_session_timeout')
+ORDER BY 1, 2, 3
+"""
+
+
+@dataclass(frozen=True)
+class Override:
+    rolname: str  # "" for every role
+    datname: str  # "" for every database
+    setting: str  # name=value
+
+    def __str__(self) -> str:
+        where = [f"role {self.rolname}"] * bool(self.rolname)
+        where += [f"database {self.datname}"] * bool(self.datname)
+        return f"{self.setting} ({', '.join(where)})"
+
+
+def read_overrides(conn: psycopg.Connection[Any]) -> tuple[Override, ...]:
+    """The overrides, as `check` shows them beside the server's own settings."""
+    return tuple(Override(*row) for row in conn.execute(OVERRIDES_SQL).fetchall())

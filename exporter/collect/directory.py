@@ -95,6 +95,17 @@ class Directory(Generic[S]):
             self._by_identity.setdefault(identity, []).append(server)
             return self._first_locked(identity)
 
+    def renew(self, server: S) -> bool:
+        """`server`, which read through another, could not connect to check again because
+        the lock table is full, which no new connection can tell more of: its finding
+        stands for another SAME_SERVER_RECHECK. False when it read through none."""
+        with self._lock:
+            found = self._found.get(server)
+            if found is None or self._first_locked(found[0]) is server:
+                return False
+            self._found[server] = (found[0], self._clock())
+            return True
+
     def forget(self, server: S) -> None:
         """`server` reaches no identity it knows now (it is closed, or cannot connect)."""
         with self._lock:

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,14 +239,14 @@ class Statements:
         self,
         config: TargetSettings,
         watchdog: Watchdog,
-        pool: CollectionPool | None = None,
+        pool: Readers | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = config.name
         self._config = config
         self._interval = config.collection.statements_interval
         self._watchdog = watchdog
-        self._pool = pool
+        self._pool = pool or READERS_POOL
         self._clock = clock
         self._lock = threading.Lock()
         self._began: float | None = None  # the last read's start, monotonic
@@ -267,7 +267,7 @@ class Statements:
             if self._pending or (self._began is not None and now - self._began < self._interval):
                 return
             self._pending, self._began = True, now
-        (self._pool or _POOL).enqueue([(Task(self.read), Priority.ROUTINE)])
+        self._pool.enqueue([(Task(self.read), Priority.ROUTINE)])
 
     def read(self) -> StatementsRead:
         """Read now, in the caller's thread (the pool's, when due)."""
@@ -330,5 +330,30 @@ def statements_samples(
     return samples
 
 
-# The reads' pool, for all servers (its workers start at the first read).
-_POOL = CollectionPool(READERS, name="statements")
+class Readers:
+    """The pool that reads every server's pg_stat_statements, READERS at once, apart from the
+    collection pool so that no collection waits for a read: made at the first read, and shut
+    down by the daemon when it stops (shutdown). A read queued after that makes a new one,
+    for the next daemon of the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: CollectionPool | None = None
+
+    def enqueue(self, tasks: Sequence[tuple[Task[Any], Priority]]) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = CollectionPool(READERS, name="statements")
+            self._pool.enqueue(tasks)
+
+    def shutdown(self) -> None:
+        """Cancel the reads queued and let the workers end: a read running ends at its
+        deadline at the latest, and its worker with it."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
+
+
+# The daemon's: every server's Statements queues its reads here.
+READERS_POOL = Readers()

@@ -1,8 +1,10 @@
 """What the collection statement reads beside pg_locks and the backends' activity, one declared
 read each: its SQL (select-list items of the statement's `totals`, its one row), the server
-versions it is for, and how its columns are mapped into the snapshot. The statement is built
-for the version of the connection it runs on (psycopg knows it from the connection's start:
-no round trip), as postgres_exporter's collectors switch their queries on it.
+versions it is for, and how its columns are mapped into the snapshot. The server's version is
+decided here, once (`server_version`): the one psycopg knows from the connection's start (no
+round trip), refused below the oldest the exporter reads; the statement is built for it, as
+postgres_exporter's collectors switch their queries on it, and the session, the snapshot and
+the lock table's size take it from there.
 
 Every read names functions only, never a relation (a table or a view): a function such as
 pg_stat_get_activity() takes no lock, where the pg_stat_activity view locks the shared
@@ -18,9 +20,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .capacity import MIN_SERVER_VERSION, CapacitySettings
+import psycopg
+
+from .capacity import CapacitySettings
 from .databases import Databases
 from .dead_client import ReleaseSettings
+from .kept_connection import CannotCollect
+
+# The oldest server the exporter reads: pg_locks.waitstart, which the wait metrics read, is
+# new in 14.
+MIN_SERVER_VERSION = 140000
 
 # A row of `totals`, and the server's databases by oid (what the statement reads as oids),
 # into fields of the snapshot (snapshot.ServerSnapshot).
@@ -76,7 +85,6 @@ SERVER = Read(
 # The settings that size the lock table (capacity.py); autovacuum_worker_slots is new in 18.
 CAPACITY = Read(
     """,
-        pg_catalog.current_setting('server_version_num')::int AS server_version_num,
         pg_catalog.current_setting('max_locks_per_transaction')::int AS max_locks_per_transaction,
         pg_catalog.current_setting('max_connections')::int AS max_connections,
         pg_catalog.current_setting('autovacuum_max_workers')::int AS autovacuum_max_workers,
@@ -88,7 +96,6 @@ CAPACITY = Read(
             AS max_prepared_transactions""",
     lambda row, _: {
         "capacity_settings": CapacitySettings(
-            server_version_num=row["server_version_num"],
             max_locks_per_transaction=row["max_locks_per_transaction"],
             max_connections=row["max_connections"],
             autovacuum_max_workers=row["autovacuum_max_workers"],
@@ -210,6 +217,18 @@ LOCK_WAITS = Read(
 )
 
 READS = (SERVER, CAPACITY, RELEASE, PRIVILEGE, DEADLOCKS, TABLE_ENTRIES, LOCK_WAITS)
+
+
+def server_version(conn: psycopg.Connection[Any]) -> int:
+    """The server's version (server_version_num), as libpq has it from the connection's start;
+    CannotCollect for a server older than MIN_SERVER_VERSION."""
+    version = conn.info.server_version
+    if version < MIN_SERVER_VERSION:
+        raise CannotCollect(
+            f"PostgreSQL {version // 10000} is not supported: pg-advisory-exporter "
+            "needs PostgreSQL 14 or newer (it reads pg_locks.waitstart)"
+        )
+    return version
 
 
 def reads_for(version: int) -> tuple[Read, ...]:

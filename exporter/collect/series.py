@@ -121,8 +121,8 @@ def leak_exempt(backend: BackendLocks, registry: Registry) -> bool:
 
 
 @dataclass
-class KeyGroup:
-    """Accumulates one registered key in one database."""
+class KeyActivity:
+    """One registered key's holders, waiters and longest hold in one database, accumulated."""
 
     holders: int = 0
     waiters: int = 0
@@ -138,16 +138,16 @@ class KeyGroup:
                 self.hold_max = max(self.hold_max or 0.0, held_for)
 
 
-def key_groups(
+def key_activity(
     snapshot: ServerSnapshot, registry: Registry, holds: Holds, database: str | None = None
-) -> dict[tuple[str, str], KeyGroup]:
+) -> dict[tuple[str, str], KeyActivity]:
     """Holders and waiters of each registered key, and the longest it has been held, by
     (database, key name), in `database` only if one is given.
 
     A key that is expected to be held gets an empty group in each of its databases (if it
     names none: `database`, else the connection's), so that nobody holding it shows as 0.
     """
-    groups: dict[tuple[str, str], KeyGroup] = defaultdict(KeyGroup)
+    groups: dict[tuple[str, str], KeyActivity] = defaultdict(KeyActivity)
     for backend in snapshot.backends:
         if database is None or backend.datname == database:
             identity = (backend.pid, backend.backend_start)
@@ -167,7 +167,7 @@ def _key_samples(
     target: str, snapshot: ServerSnapshot, registry: Registry, holds: Holds, database: str | None
 ) -> list[Sample]:
     samples: list[Sample] = []
-    for (datname, name), group in key_groups(snapshot, registry, holds, database).items():
+    for (datname, name), group in key_activity(snapshot, registry, holds, database).items():
         labels = (target, datname, name)
         if group.holders or group.expected:
             samples.append(Sample("pg_advisory_key_holders", labels, group.holders))

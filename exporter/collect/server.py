@@ -52,6 +52,8 @@ class Server:
         watchdog: Watchdog,
         directory: Directory[Server],
         clock: Callable[[], float] = time.monotonic,
+        *,
+        announce: bool = True,
     ) -> None:
         self.name = config.name
         self.config = config
@@ -60,7 +62,8 @@ class Server:
         self._watchdog = watchdog
         self._directory = directory
         self._clock = clock
-        self._connection = ServerConnection(config)
+        # `announce` off: a one-shot command's connection logs no "connected".
+        self._connection = ServerConnection(config, announce=announce)
         self._poolers = Poolers(config.poolers, self.settings, name=config.name)
         self._statements = Statements(config, watchdog)
         # The collections, shared by the scrapes that come within min_interval of each other.
@@ -101,6 +104,11 @@ class Server:
     def registry(self) -> Registry:
         """The key registry resolved on its connection."""
         return self._connection.registry
+
+    @property
+    def role(self) -> str:
+        """The role its connection logged in as (empty before it connected)."""
+        return self._connection.role
 
     @property
     def closed(self) -> bool:
@@ -298,10 +306,16 @@ class Server:
             self._directory.forget(self)  # it reaches no server: another may read that one
             return self._failed(started, str(exc))
         except psycopg.Error as exc:
+            full = refused_for_full_table(exc)
+            if full and not reused and self._directory.renew(self):
+                # Its recheck of a server another reads: the one read goes on through that
+                # one, and the full table pages once, there.
+                self._connection.drop()
+                raise self._read_through() from None
             if self._connection_lost(expired):
                 self._connection.drop()
                 self._directory.forget(self)
-            if refused_for_full_table(exc):
+            if full:
                 # The read on a kept connection takes no lock-table entry (snapshot.py); one
                 # refused is a new connection's, or a session whose caches had to read a
                 # shared catalog again: the full table, not the exporter, is the news.

@@ -21,7 +21,7 @@ from .dead_client import (
     idle_in_transaction_release_seconds,
 )
 from .key_matching import KeyArrays, key_matching
-from .reads import ApplicationEntries, LockWaits, columns_for, mapped
+from .reads import ApplicationEntries, LockWaits, columns_for, mapped, server_version
 from .vocabulary import EXCLUSIVE_LOCK, SHARE_LOCK, certainly_session_level, state_word
 
 # The collection: pg_locks is read exactly once, in lock_groups, and aggregated there to
@@ -242,6 +242,7 @@ class ServerSnapshot:
     """Everything one collection learnt about one server."""
 
     server_version: str
+    server_version_num: int  # what its reads were chosen by (reads.server_version)
     current_database: str
     read_at: float  # the server's now() when it read pg_locks (Unix time)
     capacity_settings: CapacitySettings
@@ -273,7 +274,7 @@ class ServerSnapshot:
     @property
     def lock_table_capacity(self) -> int | None:
         """The entries its lock table is sized for (capacity.py); None where not verified."""
-        return lock_table_capacity(self.capacity_settings)
+        return lock_table_capacity(self.capacity_settings, self.server_version_num)
 
     @property
     def lock_table_full(self) -> bool:
@@ -363,7 +364,7 @@ def read_snapshot(
 ) -> ServerSnapshot:
     """Run the collection statement once, the one for the connection's server version, and
     map its rows, naming databases from `databases` (and reading deadlocks for its own)."""
-    version = conn.info.server_version
+    version = server_version(conn)
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             collect_sql(version, registry), {"databases": list(databases.worked_in)}
@@ -371,6 +372,7 @@ def read_snapshot(
     first = rows[0]  # totals always yield one row, with NULL backend columns if none
     return ServerSnapshot(
         **mapped(version, first, databases),
+        server_version_num=version,
         lock_table_entries=first["lock_table_entries"],
         backend_table_entries_max=first["backend_table_entries_max"],
         backends=tuple(

@@ -17,10 +17,9 @@ from pg_advisory_exporter.metrics import Sample, locks_page_info
 from pg_advisory_exporter.serverlog.counting import ServerLog
 
 from .collection import Collection
-from .directory import Directory
 from .holds import NO_HOLDS, Holds
 from .pg_stat_statements import StatementsRead, statements_samples
-from .scheduling import CollectionPool, Priority, Task, Watchdog
+from .scheduling import Priority, Task
 from .series import server_samples, target_series
 from .server import Server
 
@@ -46,18 +45,16 @@ class Target:
     databases are probed. It is the one first in `rank` (directory.py), which each
     collection names.
 
-    A target is given its server (the daemon's for a configured target's address, the
-    auth module's for a discovered one's), or makes one of its own.
+    A target is given its server (arrangement.py's for a configured target, the auth
+    module's for a discovered one), which whoever made it closes.
     """
 
     def __init__(
         self,
         config: TargetSettings,
-        pool: CollectionPool,
-        watchdog: Watchdog,
         external_url: str | None = None,
         *,
-        server: Server | None = None,
+        server: Server,
         database: str | None = None,
         rank: tuple[int, ...] = (0,),
     ) -> None:
@@ -65,9 +62,6 @@ class Target:
         self.config = config
         self.database = database
         self._rank = rank
-        self._owns_server = server is None
-        if server is None:
-            server = Server(config, pool, watchdog, Directory())
         self.server = server
         # Where the target's /locks page is, where the exporter knows its own URL: a series
         # for alert descriptions to link to, made once here rather than at every scrape.
@@ -78,7 +72,7 @@ class Target:
                 locks_page_info(self.name, f"{external_url}{LOCKS_PATH}?target={quote(self.name)}")
             ]
         )
-        self._rules = [rule.rule() for rule in self.settings.application_name_rewrites]
+        self._rules = self.settings.rewrite_rules
         self._idle_by_design = IdleByDesign.of(
             self.settings.idle_by_design, selected_idle_by_design(config.catalog)
         )
@@ -202,11 +196,8 @@ class Target:
         )
 
     def close(self) -> None:
-        """No longer served: it leaves its server's directory, and closes the server only if
-        it made it (without `server`); the daemon and the discovered targets close the
-        servers they made, once no target of theirs is left on them."""
+        """No longer served: it leaves its server's directory (whoever made the server
+        closes it, once no target of theirs is left on it)."""
         if self._server_log is not None:
             self._server_log.close()
         self.server.directory.detach(self)
-        if self._owns_server:
-            self.server.close()

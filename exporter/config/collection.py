@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator
@@ -99,6 +100,12 @@ class CollectionSettings(Strict):
     ) -> tuple[IdleByDesignConfig, ...]:
         check_unique(entries)
         return entries
+
+    @functools.cached_property
+    def rewrite_rules(self) -> tuple[RewriteRule, ...]:
+        """The application_name rewrites compiled, once for every reader of its names: the
+        series, the server's log, /locks and check."""
+        return tuple(rule.rule() for rule in self.application_name_rewrites)
 
     @property
     def collection_deadline(self) -> float:

@@ -18,6 +18,7 @@ from pg_advisory_exporter.config.model import FileConfig
 from pg_advisory_exporter.config.settings import (
     AuthModuleSettings,
     Config,
+    Settings,
     TargetSettings,
     same_server_notes,
 )
@@ -26,7 +27,6 @@ from pg_advisory_exporter.config.sources import (
     ENV_PREFIX,
     FileBlocks,
     Flags,
-    Settings,
     Variables,
     origin,
     settings_from,

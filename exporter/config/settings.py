@@ -1,19 +1,24 @@
-"""The settings the runtime reads, every one resolved (load() makes them from the file, the
-environment and the flags): a target's, an auth module's, and the whole exporter's."""
+"""The settings: every one that a flag, a variable or the file's top level gives (`Settings`,
+from the sources of config/sources.py), and what the runtime reads, every one resolved (load()
+makes them from the file, the environment and the flags): a target's, an auth module's, and
+the whole exporter's."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
 from psycopg.conninfo import make_conninfo
 from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from pg_advisory_exporter.config.collection import CollectionSettings
-from pg_advisory_exporter.config.dsn import server_of, with_password
-from pg_advisory_exporter.config.exporter_settings import LogConfig, WebConfig
+from pg_advisory_exporter.config.dsn import Dsn, server_of, with_password
+from pg_advisory_exporter.config.exporter_settings import LogConfig, ShardConfig, WebConfig
 from pg_advisory_exporter.config.model import DEFAULT_PARALLEL_COLLECTIONS
 from pg_advisory_exporter.config.targets import (
     DiscoveredTargetsSettings,
@@ -28,6 +33,68 @@ from pg_advisory_exporter.fleet.sharding import Shard
 from pg_advisory_exporter.keys.catalog import CatalogChoice
 from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.validation import Strict, step
+
+
+class ConfigFileSettings(Strict):
+    """Where the file is (--config.file): given by a flag or a variable, never by the file."""
+
+    file: Path | None = Field(
+        default=None, description="YAML file with targets and collection settings"
+    )
+
+
+class Settings(BaseSettings):
+    """Every setting a flag, a variable or the file's top level gives, merged in that
+    precedence by pydantic-settings (settings_customise_sources), defaults last.
+
+    Each field of its blocks is a setting with a flag and a variable (SETTINGS) unless
+    marked FileOnly, which only the file sets.
+    """
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True)
+
+    dsn: Dsn | None = Field(
+        default=None,
+        repr=False,
+        description="PostgreSQL connection string of the one server to watch, target name "
+        "'default'; leave the password out, since ps shows every argument: use PGPASSFILE, "
+        "the variable, or password_file in a configuration file",
+    )
+    config: ConfigFileSettings = ConfigFileSettings()
+    web: WebConfig = WebConfig()
+    log: LogConfig = LogConfig()
+    collection: CollectionSettings = CollectionSettings()
+    shard: ShardConfig = ShardConfig()
+    # The default target's (--dsn): in a file, each target has its own.
+    server_log: ServerLogSettings = ServerLogSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The flags, then the variables, then the file: load() gives this loading's own.
+        # No .env file or secrets folder: the published variables only.
+        return _SOURCES.get()
+
+
+# The sources of the Settings being made (sources.settings_from); none outside of that:
+# defaults.
+_SOURCES: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar("sources", default=())
+
+
+@contextmanager
+def sourced(*sources: PydanticBaseSettingsSource) -> Iterator[None]:
+    """Settings made within take their values from these sources, the first winning."""
+    token = _SOURCES.set(sources)
+    try:
+        yield
+    finally:
+        _SOURCES.reset(token)
 
 
 class TargetSettings(Strict):

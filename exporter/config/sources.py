@@ -1,7 +1,8 @@
-"""Where each setting comes from, carried by pydantic-settings: `Settings` defines every setting
-once (a field of a block), and its sources, the flags, the environment (the published names
-and their aliases) and the file's top level, in that precedence, are merged and validated by
-pydantic-settings; an error names the flag, the variable or the place in the file it came from.
+"""Where each setting comes from, carried by pydantic-settings: `Settings` (config/settings.py)
+defines every setting once (a field of a block), and its sources, the flags, the environment
+(the published names and their aliases) and the file's top level, in that precedence, are
+merged and validated by pydantic-settings; an error names the flag, the variable or the place
+in the file it came from.
 
 The flags are parsed by argparse (cli.py) and given here as they came: pydantic-settings' own
 command line source refuses a flag after the command (`check --dsn ...`, as the docs show)
@@ -11,9 +12,7 @@ and would spell `--web.config.file` as `--web.config-file` (docs/architecture.md
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,63 +21,13 @@ from pydantic import AliasChoices, BaseModel, Field, ValidationError, create_mod
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from pg_advisory_exporter.config.collection import CollectionSettings
-from pg_advisory_exporter.config.dsn import Dsn
-from pg_advisory_exporter.config.exporter_settings import LogConfig, ShardConfig, WebConfig
 from pg_advisory_exporter.config.markers import FileOnly, Spelled
 from pg_advisory_exporter.config.model import FileConfig
-from pg_advisory_exporter.config.targets import ServerLogSettings
+from pg_advisory_exporter.config.settings import Settings, sourced
 from pg_advisory_exporter.durations import PARSE_DURATION, format_duration
-from pg_advisory_exporter.validation import ConfigError, Strict, describe_error, location
+from pg_advisory_exporter.validation import ConfigError, describe_error, location
 
 ENV_PREFIX = "PG_ADVISORY_EXPORTER_"
-
-
-class ConfigFileSettings(Strict):
-    """Where the file is (--config.file): given by a flag or a variable, never by the file."""
-
-    file: Path | None = Field(
-        default=None, description="YAML file with targets and collection settings"
-    )
-
-
-class Settings(BaseSettings):
-    """Every setting a flag, a variable or the file's top level gives, merged in that
-    precedence by pydantic-settings (settings_customise_sources), defaults last.
-
-    Each field of its blocks is a setting with a flag and a variable (SETTINGS) unless
-    marked FileOnly, which only the file sets.
-    """
-
-    model_config = SettingsConfigDict(extra="forbid", frozen=True)
-
-    dsn: Dsn | None = Field(
-        default=None,
-        repr=False,
-        description="PostgreSQL connection string of the one server to watch, target name "
-        "'default'; leave the password out, since ps shows every argument: use PGPASSFILE, "
-        "the variable, or password_file in a configuration file",
-    )
-    config: ConfigFileSettings = ConfigFileSettings()
-    web: WebConfig = WebConfig()
-    log: LogConfig = LogConfig()
-    collection: CollectionSettings = CollectionSettings()
-    shard: ShardConfig = ShardConfig()
-    # The default target's (--dsn): in a file, each target has its own.
-    server_log: ServerLogSettings = ServerLogSettings()
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The flags, then the variables, then the file: load() gives this loading's own.
-        # No .env file or secrets folder: the published variables only.
-        return _SOURCES.get()
 
 
 # How a block's variables are named after the prefix. The collection's have no block name
@@ -293,32 +242,14 @@ class FileBlocks(Given):
         return super().__call__()
 
 
-# The sources of the Settings being made (settings_from); none outside of that: defaults.
-_SOURCES: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar("sources", default=())
-
-
-@contextmanager
-def _sourced(*sources: PydanticBaseSettingsSource) -> Iterator[None]:
-    token = _SOURCES.set(sources)
-    try:
-        yield
-    finally:
-        _SOURCES.reset(token)
-
-
 def settings_from(*sources: Given) -> Settings:
     """The settings from these sources, the first winning; ConfigError names where each bad
     value came from."""
-    with _sourced(*sources):
+    with sourced(*sources):
         try:
             return Settings()
         except ValidationError as exc:
             raise ConfigError("\n".join(_located(e, sources) for e in exc.errors())) from None
-
-
-def read_flags(given: Mapping[str, object]) -> Settings:
-    """The settings that these flags give on their own (no variable, no file), checked."""
-    return settings_from(Flags(Settings, given))
 
 
 def origin(sources: Iterable[Given], loc: tuple[int | str, ...]) -> str | None:

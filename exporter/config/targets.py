@@ -85,6 +85,9 @@ class LocksPageSettings(Strict):
     # Query text is personal data in many shops: shown only where a target turns it on.
     query_text: bool = False
     query_text_length: int = Field(default=200, ge=1, le=100_000)
+    # The caller a statement's comments name (its controller and action, its file and line)
+    # is code, not data, and so on by default; off, not a character of the query is read.
+    callers: bool = True
     # A request within this time of the last answer gets that answer: no second read.
     reuse_for: Interval = 5.0
 

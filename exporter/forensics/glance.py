@@ -23,7 +23,7 @@ def key_group(lock: LockEntry) -> str:
 
 def held_per_group(backend: Backend) -> list[tuple[str, int]]:
     """The listed keys it holds, counted per group, the largest group first: a holder's
-    `key_groups` on the page (not collect/series.py's key_groups, each registered key's
+    `key_groups` on the page (collect/series.py's key_activity is each registered key's
     holders and waiters)."""
     counts = Counter(key_group(lock) for lock in backend.held)
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))

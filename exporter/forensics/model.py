@@ -9,6 +9,7 @@ from pg_advisory_exporter.alerting.rules import Thresholds
 from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
+from pg_advisory_exporter.hygiene.callers import Caller
 from pg_advisory_exporter.keys.key import AdvisoryKey
 
 # When an idle holder is marked as the leak alert's (PgAdvisoryLockLeaked's default threshold):
@@ -54,6 +55,9 @@ class Backend:
     lock_entries: int  # all of them, held and awaited, listed or not
     locks: tuple[LockEntry, ...]  # those listed: the awaited one and contended keys first
     query: str | None = None  # only where the target's locks_page.query_text is on
+    # What the annotations of its last statement name (hygiene/callers.py), whatever
+    # query_text says: shown, never a label.
+    caller: Caller | None = None
     pooled: PooledBackend | None = None
     # How long it has held advisory locks (collect/holds.py); None if it holds none. At least
     # that long where the exporter did not see the hold begin (it found it held).

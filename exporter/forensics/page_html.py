@@ -78,7 +78,8 @@ def _query(backend: Backend, query_text: bool) -> list[str]:
 
 
 def _who(backend: Backend, started: bool = False) -> str:
-    """Application, database, client and pooler (and when it started), a line each."""
+    """Application, database, client, the caller its last statement names and pooler (and
+    when it started), a line each."""
     lines = [_e(backend.series_name)]
     raw = words.set_as(backend)
     if raw is not None:
@@ -87,6 +88,8 @@ def _who(backend: Backend, started: bool = False) -> str:
         f'<span class="note">db</span> {_e(backend.datname)}',
         f'<span class="note">from</span> {_e(backend.client)}',
     ]
+    if backend.caller is not None:
+        lines.append(f'<span class="note">caller</span> {_e(backend.caller.text)}')
     if backend.pool is not None:
         lines.append(f'<span class="note">pool</span> {words.pool(backend, _STRANDED, _e)}')
     if started:

@@ -9,6 +9,7 @@ from typing import Any
 
 from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
+from pg_advisory_exporter.hygiene.callers import Caller
 from pg_advisory_exporter.hygiene.risky import RULES, SAFE_FORM, WHAT
 from pg_advisory_exporter.keys.key import BIGINT_KEY
 
@@ -46,6 +47,16 @@ def _lock(lock: LockEntry) -> dict[str, Any]:
     return found
 
 
+def _caller(caller: Caller | None) -> dict[str, Any] | None:
+    if caller is None:
+        return None
+    return {
+        "text": caller.text,
+        "styles": list(caller.styles),
+        "tags": [[key, value] for key, value in caller.tags],
+    }
+
+
 def _backend(backend: Backend, query_text: bool) -> dict[str, Any]:
     pooled = backend.pooled
     found: dict[str, Any] = {
@@ -69,6 +80,7 @@ def _backend(backend: Backend, query_text: bool) -> dict[str, Any]:
             "stranded": backend.stranded,
         },
         "terminate": backend.terminate,
+        "caller": _caller(backend.caller),
     }
     if query_text:  # absent, not null, where it is off: nothing was read
         found["query"] = backend.query

@@ -1,4 +1,5 @@
-"""The /locks read of a server: its statement, its rows mapped to backends, a target read once."""
+"""The /locks read of a server: its statement, its rows mapped to backends, a target read once
+on the connection its server keeps."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from psycopg.rows import dict_row
 
 from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.collection import Reading
-from pg_advisory_exporter.collect.connection import Session, new_session
 from pg_advisory_exporter.collect.databases import NO_DATABASES, Databases
 from pg_advisory_exporter.collect.holds import NO_HOLDS, Hold, Holder, Holds, hold_of
 from pg_advisory_exporter.collect.poolers import Poolers, PoolerView, owner
@@ -21,6 +21,7 @@ from pg_advisory_exporter.collect.scheduling import Watchdog
 from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.config.targets import LocksPageSettings
+from pg_advisory_exporter.hygiene.callers import caller_of
 from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.key_config import Level
@@ -37,6 +38,10 @@ LOCKS_PER_BACKEND = 50
 MAX_BACKENDS = 500
 # The backends listed as holding the most of the shared lock table, of every lock type.
 TABLE_HOLDERS = 10
+# How much of each backend's last statement is read for its caller (hygiene/callers.py):
+# all of it at the server's default track_activity_query_size (1024 bytes) and four times
+# that; an annotation past it, at the end of a longer statement, is not seen.
+CALLER_TEXT_LENGTH = 4096
 
 # One statement, in autocommit, so that pg_locks and pg_stat_activity describe one moment.
 # Like the collection's, it names functions only (pg_lock_status() and pg_stat_get_activity()
@@ -69,7 +74,8 @@ TABLE_HOLDERS = 10
 # - client_port is -1 for a Unix socket: read as NULL, like a hidden one (nullif is syntax,
 #   not a pg_catalog function).
 # - {query} selects the query text only where the target turns it on, cut to a length on the
-#   server: the column is not read at all otherwise.
+#   server: the column is not sent otherwise. caller_text is always read, for the caller its
+#   comments name, which is all that is kept of it.
 # - The start of the backend and of its transaction, and now(), as Unix times: what the
 #   collection reads them as, so that a backend is the one its holds were tracked under, and
 #   what bounds how long it has held its locks (collect/holds.py).
@@ -120,7 +126,8 @@ backends AS (
 ),
 ranked AS (
     SELECT b.*, a.datid, a.application_name, a.client_addr, a.client_port, a.backend_start,
-           a.state, a.state_change, a.xact_start{query},
+           a.state, a.state_change, a.xact_start,
+           pg_catalog.left(a.query, %(caller_text_length)s) AS caller_text{query},
            row_number() OVER (ORDER BY b.waiting DESC, b.blocking DESC,
                                        a.state_change NULLS LAST, b.pid) AS rank,
            count(*) OVER () AS backends_total
@@ -150,7 +157,7 @@ SELECT h.table_holders, extract(epoch FROM now())::float8 AS now_unix,
        extract(epoch FROM now() - r.state_change)::float8 AS state_seconds,
        r.xact_start,
        extract(epoch FROM r.backend_start)::float8 AS backend_start_unix,
-       extract(epoch FROM r.xact_start)::float8 AS xact_start_unix{query_column}
+       extract(epoch FROM r.xact_start)::float8 AS xact_start_unix, r.caller_text{query_column}
 FROM table_holders AS h
 LEFT JOIN ranked AS r ON r.rank <= %(max_backends)s
 ORDER BY r.rank
@@ -243,6 +250,7 @@ def backend_from_row(
         lock_entries=row["lock_entries"],
         locks=locks,
         query=row.get("query"),
+        caller=caller_of(row["caller_text"]),
         pooled=owner(poolers, row["pid"], row["client_addr"], row["client_port"]),
     )
     if not backend.held_entries:
@@ -294,6 +302,7 @@ def parameters(settings: LocksPageSettings) -> dict[str, int]:
         "locks_per_backend": LOCKS_PER_BACKEND,
         "max_backends": MAX_BACKENDS,
         "table_holders": TABLE_HOLDERS,
+        "caller_text_length": CALLER_TEXT_LENGTH if settings.callers else 0,
         "query_text_length": settings.query_text_length,
     }
 
@@ -318,38 +327,17 @@ def read_poolers(
         poolers.close()
 
 
-def answer(
-    target: TargetSettings,
-    watchdog: Watchdog,
-    first: Callable[[Session], None] | None = None,
-    holds: Callable[[], Holds] = lambda: NO_HOLDS,
-) -> tuple[Forensics, Session]:
-    """Read the target once on a new connection (`check`'s: a one-shot command has no other):
-    the server, then its poolers, all within one collection's deadline (connect_timeout +
-    statement_timeout + 1s); and the session it was read on, now closed. `first` runs on that
-    session before the read (`check` reads the collection's statement there); `holds` gives
-    what the collections saw held, asked once the read is done. Raises Unanswered."""
-    settings = target.locks_page
-    deadline = target.collection.collection_deadline
-    started = time.monotonic()
-    with new_session(target, watchdog, deadline) as session:
-        if first is not None:
-            first(session)
-        rows = read_rows(session.conn, settings)
-    views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
-    reading = Reading(session.conn, session.registry, session.databases)
-    return _built(target, rows, reading, views, holds()), session
-
-
 def answer_kept(
     target: TargetSettings,
     server: Server,
     watchdog: Watchdog,
     holds: Callable[[], Holds] = lambda: NO_HOLDS,
+    poolers: tuple[PoolerView, ...] | None = None,
 ) -> Forensics:
     """Read the target once on the connection its server keeps, between two collections
-    (the daemon's /locks: never a new connection, since none can start while the lock table
-    is full), then its poolers, within one collection's deadline. Raises Unanswered."""
+    (never a new connection, since none can start while the lock table is full), then its
+    poolers, unless given (`check`'s collection has just read them), within one collection's
+    deadline: the daemon's /locks, and `check` after its one collection. Raises Unanswered."""
     deadline = target.collection.collection_deadline
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
@@ -359,7 +347,11 @@ def answer_kept(
         return reading
 
     reading = server.between_collections(read, deadline)
-    views = read_poolers(target, watchdog, deadline - (time.monotonic() - started))
+    views = (
+        read_poolers(target, watchdog, deadline - (time.monotonic() - started))
+        if poolers is None
+        else poolers
+    )
     return _built(target, rows, reading, views, holds())
 
 
@@ -378,5 +370,5 @@ def _built(
         databases=reading.databases,
         query_text=target.locks_page.query_text,
         holds=holds,
-        rules=[rule.rule() for rule in target.collection.application_name_rewrites],
+        rules=target.collection.rewrite_rules,
     )

@@ -44,6 +44,7 @@ def print_forensics(forensics: Forensics, out: TextIO) -> None:
     """The waiters, the holders and the contended keys, a section each."""
     _waiters(forensics, out)
     _holders(forensics, out)
+    _callers(forensics, out)
     _contended(forensics, out)
     _table_holders(forensics, out)
 
@@ -108,6 +109,22 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
     for view in forensics.poolers:
         if view.error is not None:
             out.write(f"    pooler {view.name} could not be read: {view.error}\n")
+
+
+def _callers(forensics: Forensics, out: TextIO) -> None:
+    """The callers that the last statements of the waiters and holders listed name, a line
+    each after the tables: a column of them would make every row as wide as the widest."""
+    listed = [w.backend for w in forensics.waiters[:_MOST_ROWS]]
+    listed += forensics.holders[:_MOST_ROWS]
+    seen: set[int] = set()
+    rows = []
+    for backend in listed:
+        if backend.caller is not None and backend.pid not in seen:
+            seen.add(backend.pid)
+            rows.append((str(backend.pid), backend.caller.text))
+    if rows:
+        out.write("\n  Callers, from the annotations of their last statements\n")
+        table([("PID", "CALLER"), *rows], out)
 
 
 def _contended(forensics: Forensics, out: TextIO) -> None:

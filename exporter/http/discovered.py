@@ -236,8 +236,6 @@ class DiscoveredTargets:
         whole = 0 if address.dbname is None else 1  # a whole-server target first
         return Target(
             server.config.model_copy(update={"name": address.name}),
-            self._pool,
-            self._watchdog,
             server=server,
             database=address.dbname,
             rank=(whole, next(self._made)),

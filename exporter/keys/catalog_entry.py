@@ -46,8 +46,13 @@ def fnv1_32(text: str) -> int:
 #   migration runs on another connection (Rails), so it never counts as a leaked lock;
 #   PgAdvisoryMigrationLockStuck pages on how long it has been held instead.
 # - maintenance: long work on the database (a repack, partition maintenance).
-# - queue: a job queue's short critical sections.
-Kind = Literal["migration", "maintenance", "queue"]
+# - queue: a job queue's short critical sections, or its per-job locks.
+# - leader: a leader election's lock, held for as long as its holder leads.
+# - mutex: a distributed mutex around one critical section (a scheduler's included).
+# Only a migration's kind changes the judging; a holder of any other kind is judged as any
+# lock's, but for an entry whose holder idles on purpose (idle_holder: a leader that holds
+# its lock on a connection of its own, a queue whose dispatcher holds its jobs' locks).
+Kind = Literal["migration", "maintenance", "queue", "leader", "mutex"]
 
 
 @dataclass(frozen=True)

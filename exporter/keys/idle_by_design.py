@@ -58,9 +58,10 @@ class IdleByDesignConfig(Strict):
         return lambda name: compiled.fullmatch(name) is not None
 
 
-# The applications the catalog names by the application_name they set themselves. Job queues
-# whose consumer connection sets none (GoodJob's jobs, on the Rails pool's connections;
-# Rihanna's dispatcher) are configured by the operator: docs/configuration.md shows how.
+# The applications the catalog names by the application_name they set themselves. A job queue
+# whose consumer connection sets none (GoodJob's jobs, on the Rails pool's connections) is
+# configured by the operator; one whose keys are known (Rihanna's) is a catalog key
+# (well_known_queues.py): docs/configuration.md shows both.
 CATALOG: tuple[IdleByDesignConfig, ...] = (
     # Que 1.0 - 2.4 (read in que-rb/que 2.4.1, lib/que/locker.rb:189-192): the locker's own
     # connection names itself set_config('application_name', 'Que Locker: ' || its pid) unless
