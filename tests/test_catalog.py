@@ -3,8 +3,10 @@ the `catalog` setting, precedence over it, and every entry named on a real serve
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,11 @@ from pg_advisory_exporter.keys.key import signed
 from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.keys.well_known_keys import ENTRIES
+from pg_advisory_exporter.keys.well_known_migrators import MIGRATORS
+
+# well_known_migrators.py's entries, every one a migration tool's; the opt-in ones last.
+MIGRATORS_NAMES = tuple(e.name for e in MIGRATORS)
+OPT_IN_MIGRATORS = ["dbos_migration", "evolve_migration", "marten_apply_changes", "lucid_migration"]
 
 # -- Each key, from the values the libraries' own sources and tests give -------------------
 
@@ -55,7 +62,10 @@ def test_the_names_are_the_contract() -> None:
         "pg_partman_undo_partition", "pg_partman_undo_partition_proc",
         "pg_partman_drop_partition_id", "pg_partman_drop_partition_time",
         "pg_partman_reapply_constraints", "pg_partman_run_analyze", "pgqueuer_upgrade",
-        "pgqueuer_statistics", "airflow_migration", "authentik_migration",
+        "pgqueuer_statistics", "airflow_migration", "authentik_migration", "sequel_migration",
+        "pact_broker_migration", "slonik_migrator", "unleash_migration", "pgroll_init",
+        "liquibase_sessionlock", "dbos_migration", "evolve_migration", "marten_apply_changes",
+        "lucid_migration",
     )  # fmt: skip
     # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
@@ -63,11 +73,15 @@ def test_the_names_are_the_contract() -> None:
         "grafana_migration", "prisma_migrate", "sqitch", "goose", "goose_legacy", "flyway",
         "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
         "pgboss_migration", "pgqueuer_upgrade", "airflow_migration", "authentik_migration",
+        "sequel_migration", "pact_broker_migration", "slonik_migrator", "unleash_migration",
+        "pgroll_init", "liquibase_sessionlock", "dbos_migration", "evolve_migration",
+        "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
     assert [e.name for e in ENTRIES if not e.default] == [
         "airflow_migration",
         "authentik_migration",
+        *OPT_IN_MIGRATORS,
     ]
     assert tuple(e for e in ENTRIES if e.default) == DEFAULTS
 
@@ -135,6 +149,44 @@ def test_fixed_keys_follow_from_their_recipes() -> None:
         "authentik_migration": 1000,
     }
     assert {name: BY_NAME[name].key for name in fixed} == fixed
+
+
+def test_the_migrators_keys_follow_their_sources() -> None:
+    """Each key of well_known_migrators.py as the tool's own code computes it (the files are
+    cited there; the lines here)."""
+    assert java_string_hash("public") == -977423767  # Java's "public".hashCode()
+    keys = {
+        # sequel extensions/migration.rb: MIGRATION_ADVISORY_LOCK_ID = 4966325471869609408
+        "sequel_migration": 4966325471869609408,
+        # sequel-pg_advisory_lock: advisory_lock_key_for(name) = Zlib.crc32(name.to_s) % 2 ** 31
+        "pact_broker_migration": zlib.crc32(b"migrate") % 2**31,
+        # @slonik/migrator dist/index.js advisoryLockId: parseInt(md5(hashable).slice(0, 8), 16)
+        "slonik_migrator": int(
+            hashlib.md5(b'@slonik/migrator advisory lock:"migration"').hexdigest()[:8], 16
+        ),
+        # unleash src/lib/util/db-lock.ts: export const defaultLockKey = 479341
+        "unleash_migration": 479341,
+        # pgroll pkg/state/state.go Init: const key int64 = 0x2c03057fb9525b
+        "pgroll_init": 0x2C03057FB9525B,
+        # dbos/_sys_db_postgres.py: MIGRATION_LOCK_ID = 1234567890
+        "dbos_migration": 1234567890,
+        # Evolve PostgreSQLDatabase.cs: private const int LOCK_ID = 12345
+        "evolve_migration": 12345,
+        # Marten StoreOptions.cs: private int _applyChangesLockId = 4004
+        "marten_apply_changes": 4004,
+        # Lucid build/src/migration/runner.js acquireLock: dialect.getAdvisoryLock(1)
+        "lucid_migration": 1,
+    }
+    assert {name: BY_NAME[name].key for name in keys} == keys
+    assert keys["pact_broker_migration"] == 223143857
+    assert keys["slonik_migrator"] == 1230759186
+    assert keys["pgroll_init"] == 12388221127840347
+    # liquibase-sessionlock PGLockService.getChangeLogLockId: {lockTableName.hashCode(),
+    # defaultSchemaName.hashCode()}, the table's name lower-cased by Liquibase's PostgresDatabase.
+    [liquibase] = key_configs([BY_NAME["liquibase_sessionlock"]], ["orders"])
+    assert liquibase.pair == (java_string_hash("databasechangeloglock"), -977423767)
+    assert liquibase.pair == (-1497367772, -977423767)
+    assert {BY_NAME[name].kind for name in MIGRATORS_NAMES} == {"migration"}
 
 
 DATABASES = ["orders", "postgres", "Caf\u00e9 \u2603", "x" * 63, "plumless", "buckeroo"]
@@ -358,6 +410,16 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ),
         ("airflow_migration", "SELECT pg_advisory_lock(1)", True),
         ("authentik_migration", "SELECT pg_advisory_lock(1000)", True),
+        ("sequel_migration", "SELECT pg_try_advisory_lock(4966325471869609408) LIMIT 1", True),
+        ("pact_broker_migration", "SELECT pg_advisory_lock(223143857) LIMIT 1", True),
+        ("slonik_migrator", "select pg_advisory_lock(1230759186)", True),
+        ("unleash_migration", "SELECT pg_advisory_lock(479341)", True),
+        ("pgroll_init", "SELECT pg_advisory_xact_lock(12388221127840347)", False),
+        ("liquibase_sessionlock", "SELECT pg_try_advisory_lock(-1497367772, -977423767)", True),
+        ("dbos_migration", "SELECT pg_try_advisory_lock(1234567890)", True),
+        ("evolve_migration", "SELECT pg_try_advisory_lock(12345)", True),
+        ("marten_apply_changes", "SELECT pg_try_advisory_lock(4004)", True),
+        # lucid_migration: PG_TRY_ADVISORY_LOCK('1'), Airflow's key, which its taker holds.
     ]
 
 
@@ -396,6 +458,7 @@ def test_every_entry_is_named_when_its_library_holds_it(
         "main": {},
         "chosen": {"catalog": chosen},
         "none": {"catalog": False},
+        "opt-in": {"catalog": OPT_IN_MIGRATORS},
     }
     exporters = {
         name: start_exporter(
@@ -412,6 +475,9 @@ def test_every_entry_is_named_when_its_library_holds_it(
     assert scrape.value("pg_advisory_key_waiters", target="main", key="flyway", datname=db) == 0
     mine = {(name, db): 1.0 for name in chosen}
     exporters["chosen"].scrape_until(lambda s: _catalog_keys(s, "chosen") == mine)
+    # Lucid's key is Airflow's: chosen without Airflow's entry, Lucid's names the lock.
+    opt_in = {(name, db): 1.0 for name in OPT_IN_MIGRATORS}
+    exporters["opt-in"].scrape_until(lambda s: _catalog_keys(s, "opt-in") == opt_in)
     none = exporters["none"].scrape_until(lambda s: bool(s.find("pg_advisory_up", target="none")))
     assert _catalog_keys(none, "none") == {}
 

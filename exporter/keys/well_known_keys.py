@@ -20,6 +20,7 @@ from .catalog_entry import (
     java_string_hash,
 )
 from .key_config import KeyConfig, Level
+from .well_known_migrators import MIGRATORS
 
 # Flyway: "Flyway" in ASCII, one byte per position from bit 40 down.
 _FLYWAY_BASE = (0x46 << 40) + (0x6C << 32) + (0x79 << 24) + (0x77 << 16) + (0x61 << 8) + 0x79
@@ -413,4 +414,5 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         key=1000,
         default=False,
     ),
+    *MIGRATORS,
 )
