@@ -16,8 +16,8 @@ import hashlib
 from .catalog_entry import CatalogEntry, crc32, java_string_hash
 from .key_config import KeyConfig
 
-# @slonik/migrator's key names the migrations table the application gives it (no default):
-# this one is its README's, `migrationTableName: 'migration'`.
+# @slonik/migrator's key names the migrations table the application gives it: 'migration', the
+# one its README gives and its older versions' default (0.12 asks for it by name).
 _SLONIK_TABLE = '"migration"'  # JSON.stringify of the name
 
 
@@ -62,15 +62,16 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
     ),
     # @slonik/migrator 0.12.0 (read in the npm tarball): dist/index.js, advisoryLockId is
     # parseInt of the first 8 hex digits of the MD5 of '@slonik/migrator advisory lock:' +
-    # JSON.stringify(migrationTableName); runCommand takes select pg_advisory_lock(id) on a
-    # pool connection for up and down, and runs the migrations on that connection.
+    # JSON.stringify(migrationTableName); runCommand, for up and down, takes select
+    # pg_advisory_lock(id) on a pool connection of its own (parent.connect), which sits idle
+    # while the migrations run on another (parent.connect, or parent.transaction).
     CatalogEntry(
         name="slonik_migrator",
         library="@slonik/migrator (migrationTableName 'migration')",
         versions="0.12",
         key_text="md5('@slonik/migrator advisory lock:\"migration\"'), first 4 bytes unsigned"
         " = 1230759186",
-        level="session (pg_advisory_lock)",
+        level="session (pg_advisory_lock), on an idle connection of its own",
         kind="migration",
         lock_level="session",
         key=_md5_uint32("@slonik/migrator advisory lock:" + _SLONIK_TABLE),
