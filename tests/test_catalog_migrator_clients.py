@@ -2,20 +2,23 @@
 against the test server: each one's own lock, named by the catalog, at the level the catalog
 says, and gone when the tool is done, as test_catalog_clients.py does for the others.
 
-@slonik/migrator comes from the npm registry and DBOS from PyPI, each pinned and installed
-into build/ by tests/clients.py. Both take their lock on a connection of their own, which
-sits idle while the migration runs on another: the migration waits for a lock this test
-holds, so that the tool holds its advisory lock, idle, for as long as the test looks. The
-other entries of that module are tools that do not install here (RubyGems, Go, Maven, NuGet,
-and Debian's Sequel predates its lock): tests/test_catalog.py pins their keys as their
-sources compute them and names each one on a real server.
+Each tool's migration waits for a lock this test holds, so that the tool holds its advisory
+lock for as long as the test looks. @slonik/migrator comes from the npm registry and DBOS from
+PyPI, each pinned and installed into build/ by tests/clients.py: both take their lock on a
+connection of their own, which sits idle while the migration runs on another. Sequel 5.78 or
+later comes from Debian sid (devtools/debian_sid.py; Debian 12's 5.63 takes no lock), run by
+Debian 12's ruby and ruby-pg. The other entries of that module are tools that do not install
+here (RubyGems, Go, Maven, NuGet): tests/test_catalog.py pins their keys as their sources
+compute them and names each one on a real server.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
 from clients import (
     StartClient,
     Watch,
@@ -30,6 +33,7 @@ from clients import (
 )
 from support import StartExporter
 
+from devtools.debian_sid import InstallError, sequel_lib
 from devtools.embedded_postgres import EmbeddedPostgres
 from pg_advisory_exporter.keys.catalog import BY_NAME
 
@@ -112,3 +116,52 @@ def test_dbos_migration_lock(
     with pg.connect(database) as conn:
         [(version,)] = conn.execute("SELECT version FROM dbos.dbos_migrations").fetchall()
     assert version > 0, output
+
+
+# Sequel::Migrator.run with use_advisory_lock, as an application's migrate task runs it.
+SEQUEL_MIGRATE = """
+require "sequel"
+Sequel.extension :migration
+DB = Sequel.connect(adapter: "postgres", host: ENV["PGHOST"], port: ENV["PGPORT"].to_i,
+                    user: ENV["PGUSER"], password: ENV["PGPASSWORD"], database: ARGV[0])
+Sequel::Migrator.run(DB, "migrations", use_advisory_lock: true)
+puts "migrated with Sequel #{Sequel::VERSION}"
+"""
+SEQUEL_MIGRATION = """
+Sequel.migration do
+  up { run "UPDATE blocker SET n = n + 1 WHERE id = 1" }
+end
+"""
+
+
+def test_sequel_migrator_lock(
+    start_exporter: StartExporter,
+    monitor_dsn: str,
+    pg: EmbeddedPostgres,
+    start_client: StartClient,
+    tmp_path: Path,
+) -> None:
+    ruby = shutil.which("ruby")
+    assert ruby, "ruby is not installed (the test command installs Debian's packages)"
+    try:
+        lib = sequel_lib()
+    except InstallError as exc:
+        pytest.fail(str(exc))
+    exporter = start_exporter(config=locks_config(monitor_dsn))
+    database = fresh_database(pg, "pacts")
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "001_touch_blocker.rb").write_text(SEQUEL_MIGRATION)
+    (tmp_path / "migrate.rb").write_text(SEQUEL_MIGRATE)
+    env = {**client_environment(pg, database), "RUBYLIB": str(lib)}
+    watch = Watch(exporter, "sequel_migration", database)
+    with row_locked(pg, database) as row_holder:
+        sequel = start_client("sequel", [ruby, "migrate.rb", database], env)
+        blocked_by(pg, database, row_holder.info.backend_pid)
+        holder = watch.held(sequel)
+    assert f"migrated with Sequel {lib.parent.name.removeprefix('sequel-')}" in sequel.finish()
+    watch.gone()
+    # Its try-lock cannot be made to wait, and the migration runs in a transaction on the
+    # connection that holds it (waiting for the row: active): the name is what this shows.
+    assert holder["state"] == "active", holder
+    with pg.connect(database) as conn:
+        assert conn.execute("SELECT n FROM blocker WHERE id = 1").fetchone() == (1,)
