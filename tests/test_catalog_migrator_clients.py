@@ -103,7 +103,7 @@ def test_dbos_migration_lock(
     exporter = start_exporter(config=config)
     database = fresh_database(pg, "workflows")
     url = f"postgresql://postgres:{quote(pg.password)}@127.0.0.1:{pg.port}/{database}"
-    command = [py_clients.parent / "dbos", "migrate", "--sys-db-url", url]
+    command: list[str | Path] = [py_clients.parent / "dbos", "migrate", "--sys-db-url", url]
     watch = Watch(exporter, "dbos_migration", database)
     with in_transaction(pg, database, "CREATE SCHEMA dbos", "schema-holder") as schema_holder:
         dbos = start_client("dbos", command, client_environment(pg, database))
