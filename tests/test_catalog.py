@@ -64,8 +64,8 @@ def test_the_names_are_the_contract() -> None:
         "pg_partman_reapply_constraints", "pg_partman_run_analyze", "pgqueuer_upgrade",
         "pgqueuer_statistics", "airflow_migration", "authentik_migration", "sequel_migration",
         "pact_broker_migration", "slonik_migrator", "unleash_migration", "pgroll_init",
-        "liquibase_sessionlock", "dbos_migration", "evolve_migration", "marten_apply_changes",
-        "lucid_migration",
+        "liquibase_sessionlock", "n8n_migration", "dbos_migration", "evolve_migration",
+        "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
@@ -74,8 +74,8 @@ def test_the_names_are_the_contract() -> None:
         "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
         "pgboss_migration", "pgqueuer_upgrade", "airflow_migration", "authentik_migration",
         "sequel_migration", "pact_broker_migration", "slonik_migrator", "unleash_migration",
-        "pgroll_init", "liquibase_sessionlock", "dbos_migration", "evolve_migration",
-        "marten_apply_changes", "lucid_migration",
+        "pgroll_init", "liquibase_sessionlock", "n8n_migration", "dbos_migration",
+        "evolve_migration", "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
     assert [e.name for e in ENTRIES if not e.default] == [
@@ -186,6 +186,12 @@ def test_the_migrators_keys_follow_their_sources() -> None:
     [liquibase] = key_configs([BY_NAME["liquibase_sessionlock"]], ["orders"])
     assert liquibase.pair == (java_string_hash("databasechangeloglock"), -977423767)
     assert liquibase.pair == (-1497367772, -977423767)
+    # n8n db-connection.js migrateWithAdvisoryLock: withLock(1005, ..., {subKey}), subKey =
+    # createHash('sha256').update(`${schema ?? 'public'}:${entityPrefix ?? ''}`).digest()
+    # .readInt32BE(0)
+    [n8n] = key_configs([BY_NAME["n8n_migration"]], ["orders"])
+    sub_key = int.from_bytes(hashlib.sha256(b"public:").digest()[:4], "big", signed=True)
+    assert n8n.pair == (1005, sub_key) == (1005, 349025233)
     assert {BY_NAME[name].kind for name in MIGRATORS_NAMES} == {"migration"}
 
 
@@ -416,6 +422,7 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ("unleash_migration", "SELECT pg_advisory_lock(479341)", True),
         ("pgroll_init", "SELECT pg_advisory_xact_lock(12388221127840347)", False),
         ("liquibase_sessionlock", "SELECT pg_try_advisory_lock(-1497367772, -977423767)", True),
+        ("n8n_migration", "SELECT pg_advisory_xact_lock(1005, 349025233)", False),
         ("dbos_migration", "SELECT pg_try_advisory_lock(1234567890)", True),
         ("evolve_migration", "SELECT pg_try_advisory_lock(12345)", True),
         ("marten_apply_changes", "SELECT pg_try_advisory_lock(4004)", True),

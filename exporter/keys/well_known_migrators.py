@@ -26,6 +26,11 @@ def _md5_uint32(text: str) -> int:
     return int(hashlib.md5(text.encode()).hexdigest()[:8], 16)
 
 
+def _sha256_int32(text: str) -> int:
+    """The first 4 bytes of the SHA-256 of the text, big-endian signed (Node's readInt32BE)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big", signed=True)
+
+
 MIGRATORS: tuple[CatalogEntry, ...] = (
     # Sequel's Migrator, >= 5.78 (read at jeremyevans/sequel 868c4616, 5.106; added in
     # 9a556708c, first in 5.78.0): lib/sequel/extensions/migration.rb, Migrator.run with
@@ -122,6 +127,22 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
         form=KeyConfig.model_construct(
             name="_", pair=(java_string_hash("databasechangeloglock"), java_string_hash("public"))
         ),
+    ),
+    # n8n, >= 2.33 (read in the npm tarballs of @n8n/db 1.32.0, without it, 1.33.0 and 1.41.2,
+    # n8n 2.41.3's): dist/connection/db-connection.js, migrateWithAdvisoryLock takes
+    # DbLockService.withLock(1005, ...) (DbLock.MIGRATIONS) with subKey = the first 4 bytes,
+    # big-endian signed (readInt32BE), of the SHA-256 of `${schema}:${entityPrefix}`, by
+    # default "public:"; services/db-lock.service.js runs SELECT pg_advisory_xact_lock($1, $2)
+    # in the transaction that then runs the pending migrations.
+    CatalogEntry(
+        name="n8n_migration",
+        library="n8n (its migrations; schema public, no table prefix)",
+        versions=">= 2.33",
+        key_text='(1005, sha256("public:"), first 4 bytes) = (1005, 349025233)',
+        level="transaction (pg_advisory_xact_lock)",
+        kind="migration",
+        lock_level="transaction",
+        form=KeyConfig.model_construct(name="_", pair=(1005, _sha256_int32("public:"))),
     ),
     # Opt-in: small or round keys that other software may well use for something else.
     # DBOS Transact (Python), >= 2.14 (read in the PyPI wheels of 2.13.0, without it, 2.14.0 and
