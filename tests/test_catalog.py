@@ -64,8 +64,8 @@ def test_the_names_are_the_contract() -> None:
         "pg_partman_reapply_constraints", "pg_partman_run_analyze", "pgqueuer_upgrade",
         "pgqueuer_statistics", "airflow_migration", "authentik_migration", "sequel_migration",
         "pact_broker_migration", "slonik_migrator", "unleash_migration", "pgroll_init",
-        "liquibase_sessionlock", "n8n_migration", "dbos_migration", "evolve_migration",
-        "marten_apply_changes", "lucid_migration",
+        "liquibase_sessionlock", "pgmigrate", "n8n_migration", "dbos_migration",
+        "evolve_migration", "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
@@ -74,7 +74,7 @@ def test_the_names_are_the_contract() -> None:
         "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
         "pgboss_migration", "pgqueuer_upgrade", "airflow_migration", "authentik_migration",
         "sequel_migration", "pact_broker_migration", "slonik_migrator", "unleash_migration",
-        "pgroll_init", "liquibase_sessionlock", "n8n_migration", "dbos_migration",
+        "pgroll_init", "liquibase_sessionlock", "pgmigrate", "n8n_migration", "dbos_migration",
         "evolve_migration", "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
@@ -168,6 +168,9 @@ def test_the_migrators_keys_follow_their_sources() -> None:
         "unleash_migration": 479341,
         # pgroll pkg/state/state.go Init: const key int64 = 0x2c03057fb9525b
         "pgroll_init": 0x2C03057FB9525B,
+        # pgmigrate sessionlock.go ID: crc32.ChecksumIEEE([]byte(IDPrefix + name)), IDPrefix
+        # "sessionlock-"; migrator.go: name fmt.Sprintf("%s-%s", "pgmigrate-", m.TableName)
+        "pgmigrate": zlib.crc32(b"sessionlock-pgmigrate--public.pgmigrate_migrations"),
         # dbos/_sys_db_postgres.py: MIGRATION_LOCK_ID = 1234567890
         "dbos_migration": 1234567890,
         # Evolve PostgreSQLDatabase.cs: private const int LOCK_ID = 12345
@@ -181,6 +184,7 @@ def test_the_migrators_keys_follow_their_sources() -> None:
     assert keys["pact_broker_migration"] == 223143857
     assert keys["slonik_migrator"] == 1230759186
     assert keys["pgroll_init"] == 12388221127840347
+    assert keys["pgmigrate"] == 3175788019
     # liquibase-sessionlock PGLockService.getChangeLogLockId: {lockTableName.hashCode(),
     # defaultSchemaName.hashCode()}, the table's name lower-cased by Liquibase's PostgresDatabase.
     [liquibase] = key_configs([BY_NAME["liquibase_sessionlock"]], ["orders"])
@@ -422,6 +426,7 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ("unleash_migration", "SELECT pg_advisory_lock(479341)", True),
         ("pgroll_init", "SELECT pg_advisory_xact_lock(12388221127840347)", False),
         ("liquibase_sessionlock", "SELECT pg_try_advisory_lock(-1497367772, -977423767)", True),
+        ("pgmigrate", "SELECT pg_try_advisory_lock(3175788019)", True),
         ("n8n_migration", "SELECT pg_advisory_xact_lock(1005, 349025233)", False),
         ("dbos_migration", "SELECT pg_try_advisory_lock(1234567890)", True),
         ("evolve_migration", "SELECT pg_try_advisory_lock(12345)", True),

@@ -128,6 +128,21 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
             name="_", pair=(java_string_hash("databasechangeloglock"), java_string_hash("public"))
         ),
     ),
+    # pgmigrate (Go; read at peterldowns/pgmigrate 54dbdfe, v0.4.0; the lock since dcdfba3,
+    # 2023): migrator.go, Migrate locks the name "pgmigrate-" + "-" + TableName (by default
+    # public.pgmigrate_migrations) through internal/sessionlock/sessionlock.go, With: ID is
+    # crc32.ChecksumIEEE("sessionlock-" + name), taken with SELECT pg_try_advisory_lock(id)
+    # every 100 ms on the connection that then applies the migrations.
+    CatalogEntry(
+        name="pgmigrate",
+        library="pgmigrate (Go; table public.pgmigrate_migrations)",
+        versions="0.4 (read)",
+        key_text='crc32("sessionlock-pgmigrate--public.pgmigrate_migrations") = 3175788019',
+        level="session (pg_try_advisory_lock, retried)",
+        kind="migration",
+        lock_level="session",
+        key=crc32("sessionlock-pgmigrate--public.pgmigrate_migrations"),
+    ),
     # n8n, >= 2.33 (read in the npm tarballs of @n8n/db 1.32.0, without it, 1.33.0 and 1.41.2,
     # n8n 2.41.3's): dist/connection/db-connection.js, migrateWithAdvisoryLock takes
     # DbLockService.withLock(1005, ...) (DbLock.MIGRATIONS) with subKey = the first 4 bytes,
