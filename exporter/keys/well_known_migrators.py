@@ -5,8 +5,8 @@ tool's own source (the repository or package, file, function and version are in 
 above each entry) and is pinned by tests/test_catalog.py; none of that code is copied here.
 Not catalogued, for want of a key that can be computed: Ecto's migration lock
 (`:erlang.phash2`, docs/configuration.md says so). Read and left out: HashiCorp Boundary
-(3865661975), whose every running server holds the key shared for its whole life, so that a
-migration's judgement (stuck after a while) would page on every server.
+(3865661975), whose every running server holds the key in share mode for its whole life, so
+that a migration's judgement (stuck after a while) would page on every server.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
     # use_advisory_lock: true wraps the run in db.with_advisory_lock(MIGRATION_ADVISORY_LOCK_ID
     # = 4966325471869609408); adapters/shared/postgres.rb, with_advisory_lock runs
     # pg_try_advisory_lock(id) within synchronize, so the migrations run on the connection that
-    # holds it. Off unless use_advisory_lock is given (Debian 12's ruby-sequel 5.63 predates it).
+    # holds it. Off unless use_advisory_lock is given (Debian 12's ruby-sequel 5.63 predates it;
+    # the tests run Debian sid's 5.109).
     CatalogEntry(
         name="sequel_migration",
         library="Sequel's Migrator (Ruby), with use_advisory_lock",
