@@ -63,9 +63,9 @@ def test_the_names_are_the_contract() -> None:
         "pg_partman_drop_partition_id", "pg_partman_drop_partition_time",
         "pg_partman_reapply_constraints", "pg_partman_run_analyze", "pgqueuer_upgrade",
         "pgqueuer_statistics", "airflow_migration", "authentik_migration", "sequel_migration",
-        "pact_broker_migration", "slonik_migrator", "unleash_migration", "pgroll_init",
-        "liquibase_sessionlock", "pgmigrate", "n8n_migration", "dbos_migration",
-        "evolve_migration", "marten_apply_changes", "lucid_migration",
+        "pact_broker_migration", "slonik_migrator", "pgroll_init", "liquibase_sessionlock",
+        "pgmigrate", "n8n_migration", "dbos_migration", "evolve_migration",
+        "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
@@ -73,8 +73,8 @@ def test_the_names_are_the_contract() -> None:
         "grafana_migration", "prisma_migrate", "sqitch", "goose", "goose_legacy", "flyway",
         "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
         "pgboss_migration", "pgqueuer_upgrade", "airflow_migration", "authentik_migration",
-        "sequel_migration", "pact_broker_migration", "slonik_migrator", "unleash_migration",
-        "pgroll_init", "liquibase_sessionlock", "pgmigrate", "n8n_migration", "dbos_migration",
+        "sequel_migration", "pact_broker_migration", "slonik_migrator", "pgroll_init",
+        "liquibase_sessionlock", "pgmigrate", "n8n_migration", "dbos_migration",
         "evolve_migration", "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
@@ -164,8 +164,6 @@ def test_the_migrators_keys_follow_their_sources() -> None:
         "slonik_migrator": int(
             hashlib.md5(b'@slonik/migrator advisory lock:"migration"').hexdigest()[:8], 16
         ),
-        # unleash src/lib/util/db-lock.ts: export const defaultLockKey = 479341
-        "unleash_migration": 479341,
         # pgroll pkg/state/state.go Init: const key int64 = 0x2c03057fb9525b
         "pgroll_init": 0x2C03057FB9525B,
         # pgmigrate sessionlock.go ID: crc32.ChecksumIEEE([]byte(IDPrefix + name)), IDPrefix
@@ -423,7 +421,6 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
         ("sequel_migration", "SELECT pg_try_advisory_lock(4966325471869609408) LIMIT 1", True),
         ("pact_broker_migration", "SELECT pg_advisory_lock(223143857) LIMIT 1", True),
         ("slonik_migrator", "select pg_advisory_lock(1230759186)", True),
-        ("unleash_migration", "SELECT pg_advisory_lock(479341)", True),
         ("pgroll_init", "SELECT pg_advisory_xact_lock(12388221127840347)", False),
         ("liquibase_sessionlock", "SELECT pg_try_advisory_lock(-1497367772, -977423767)", True),
         ("pgmigrate", "SELECT pg_try_advisory_lock(3175788019)", True),

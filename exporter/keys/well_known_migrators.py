@@ -3,6 +3,8 @@
 As in well_known_keys.py, which lists these after its own: every key below was read in the
 tool's own source (the repository or package, file, function and version are in the comment
 above each entry) and is pinned by tests/test_catalog.py; none of that code is copied here.
+Unleash's migration lock (479341, on an idle connection of its own while db-migrate runs on
+others: read at Unleash/unleash ceeb5a9ca6, 8.1.0) is well_known_queues.py's entry.
 Not catalogued, for want of a key that can be computed: Ecto's migration lock
 (`:erlang.phash2`, docs/configuration.md says so). Read and left out: HashiCorp Boundary
 (3865661975), whose every running server holds the key in share mode for its whole life, so
@@ -81,21 +83,6 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
         kind="migration",
         lock_level="session",
         key=_md5_uint32("@slonik/migrator advisory lock:" + _SLONIK_TABLE),
-    ),
-    # Unleash (read at Unleash/unleash ceeb5a9ca6, 8.1.0): src/lib/util/db-lock.ts,
-    # withDbLock opens a pg Client of its own and runs SELECT pg_advisory_lock($1) with
-    # defaultLockKey = 479341 (lock_timeout 30 minutes); server-impl.ts wraps migrateDb in it
-    # when the migrationLock flag is on (the default, experimental.ts). That client sits idle
-    # while the migrations run on other connections, for as long as they take.
-    CatalogEntry(
-        name="unleash_migration",
-        library="Unleash (its migration lock, migrationLock on)",
-        versions="8.1 (read)",
-        key_text="479341",
-        level="session (pg_advisory_lock), on an idle connection of its own",
-        kind="migration",
-        lock_level="session",
-        key=479341,
     ),
     # pgroll (read at xataio/pgroll cdbe9b0f, v0.16.2): pkg/state/state.go, State.Init runs
     # SELECT pg_advisory_xact_lock($1) with the key 0x2c03057fb9525b in the transaction that
