@@ -201,10 +201,12 @@ system-packages:
 
 # What Debian 12 lacks, from Debian sid (devtools/debian_sid.py), once: Prometheus 3 and its
 # promtool, unpacked, which the end-to-end tests run (and the rules are checked by both
-# promtools); and a Debian sid root with PostgreSQL 19 for its servers when PG_VERSIONS names
-# 19 (that one needs root: without it the command says so and stops).
+# promtools); Sequel 5.78 or later, unpacked, whose Migrator's advisory lock the catalog's
+# client tests take (Debian 12's 5.63 has none); and a Debian sid root with PostgreSQL 19 for
+# its servers when PG_VERSIONS names 19 (that one needs root: without it the command says so
+# and stops).
 sid-packages: $(INSTALLED) system-packages
-	$(BIN)/python -m devtools.debian_sid prometheus $(if $(filter 19,$(PG_VERSIONS)),postgres)
+	$(BIN)/python -m devtools.debian_sid prometheus sequel $(if $(filter 19,$(PG_VERSIONS)),postgres)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build/crd-models $(PYCACHE)

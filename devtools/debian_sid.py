@@ -1,8 +1,8 @@
 """What Debian 12 lacks for the tests, from Debian's newer suites: PostgreSQL 19 in a Debian
-sid root, and Prometheus 3 with its promtool.
+sid root, Prometheus 3 with its promtool, and a Sequel whose Migrator takes an advisory lock.
 
-`python -m devtools.debian_sid [postgres] [prometheus]` (both unless named; `make test` runs
-it) installs what is missing into the server binary cache (embedded_postgres.cache_dir:
+`python -m devtools.debian_sid [postgres] [prometheus] [sequel]` (all unless named; `make test`
+runs it) installs what is missing into the server binary cache (embedded_postgres.cache_dir:
 /var/cache/pg-advisory-exporter under root) and prints the versions there. A second run
 finds them and does nothing; to pick up newer packages, delete the folders it names.
 
@@ -15,6 +15,8 @@ finds them and does nothing; to pick up newer packages, delete the folders it na
 - Prometheus 3 and its promtool come from sid's packages, downloaded by apt's own client on
   a state of its own (the machine's apt sources stay as they are) and unpacked, never
   installed: Go programs that run on Debian 12. That needs no root.
+- Sequel (ruby-sequel) the same way: Debian 12's 5.63 predates the Migrator's advisory lock
+  (5.78); sid's is plain Ruby, which Debian 12's ruby and ruby-pg run (RUBYLIB).
 
 The mirror is the one the machine's apt uses (devtools/debian.py): every Debian mirror
 serves sid and experimental beside the stable release.
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from devtools.debian import debian_mirror, proc_mounted, remove_root
@@ -41,6 +43,7 @@ from devtools.embedded_postgres import SID_MAJORS, cache_dir, sid_root
 APT_OPTIONS = ("-o", "Acquire::Check-Valid-Until=false")
 PROMETHEUS_MAJOR = "3"
 PROMETHEUS_PACKAGES = ("prometheus", "promtool")
+SEQUEL_PACKAGE = "ruby-sequel"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # Long enough for a slow mirror; debootstrap and apt take about a minute on a fast one.
 STEP_TIMEOUT = 1800
@@ -63,6 +66,21 @@ def prometheus_binary(name: str = "prometheus") -> Path:
             "run `make test`, or `.venv/bin/python -m devtools.debian_sid prometheus`"
         )
     return path
+
+
+def sequel_folder() -> Path:
+    return cache_dir() / SEQUEL_PACKAGE
+
+
+def sequel_lib() -> Path:
+    """sid's Sequel, installed by this module: the folder to put in RUBYLIB."""
+    found = sorted(sequel_folder().glob("usr/share/rubygems-integration/all/gems/sequel-*/lib"))
+    if not found:
+        raise InstallError(
+            f"sid's Sequel is not installed in {sequel_folder()}: run `make test`, or "
+            "`.venv/bin/python -m devtools.debian_sid sequel`"
+        )
+    return found[-1]
 
 
 def _postgres_packages(major: int) -> tuple[str, ...]:
@@ -170,8 +188,8 @@ def install_postgres(major: int) -> str:
     return version.stdout.strip()
 
 
-def _download_prometheus(folder: Path) -> None:
-    """sid's packages unpacked into `folder`: usr/bin/prometheus and usr/bin/promtool."""
+def _download(folder: Path, packages: Sequence[str]) -> Path:
+    """sid's `packages` (without their dependencies) unpacked into a folder of `folder`."""
     apt = folder / "apt"
     for part in ("lists/partial", "archives/partial"):
         (apt / part).mkdir(parents=True)
@@ -186,29 +204,47 @@ def _download_prometheus(folder: Path) -> None:
     ]  # fmt: skip
     log = folder / "install.log"
     _run(["apt-get", *options, "update", "-qq"], log)
-    _run(["apt-get", *options, "download", *PROMETHEUS_PACKAGES], log, cwd=apt / "archives")
+    _run(["apt-get", *options, "download", *packages], log, cwd=apt / "archives")
     unpacked = folder / "unpacked"
     for deb in sorted((apt / "archives").glob("*.deb")):
         _run(["dpkg-deb", "--extract", deb, unpacked], log)
+    shutil.rmtree(apt)
+    return unpacked
+
+
+def _download_prometheus(folder: Path) -> None:
+    """sid's packages unpacked into `folder`: usr/bin/prometheus and usr/bin/promtool."""
+    unpacked = _download(folder, PROMETHEUS_PACKAGES)
     (folder / "usr/bin").mkdir(parents=True)
     for name in PROMETHEUS_PACKAGES:
         (unpacked / "usr/bin" / name).rename(folder / "usr/bin" / name)
-    shutil.rmtree(apt)
     shutil.rmtree(unpacked)
+
+
+def _download_sequel(folder: Path) -> None:
+    """sid's ruby-sequel unpacked into `folder` (its usr/share/rubygems-integration)."""
+    unpacked = _download(folder, [SEQUEL_PACKAGE])
+    (unpacked / "usr").rename(folder / "usr")
+    shutil.rmtree(unpacked)
+
+
+def _installed_once(folder: Path, done: Path, download: Callable[[Path], None]) -> None:
+    """`download` into `folder` once (`done` then exists): made aside, renamed when whole."""
+    with _locked(folder.name):
+        if not done.exists():
+            staging = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=folder.parent))
+            try:
+                download(staging)
+                staging.chmod(0o755)  # mkdtemp's 0700: the test servers' user runs none of it
+                staging.rename(folder)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 def install_prometheus() -> str:
     """Prometheus 3 and promtool from Debian sid; their versions."""
     folder = prometheus_folder()
-    with _locked(folder.name):
-        if not (folder / "usr/bin/promtool").exists():
-            staging = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=folder.parent))
-            try:
-                _download_prometheus(staging)
-                staging.chmod(0o755)  # mkdtemp's 0700: the test servers' user runs none of it
-                staging.rename(folder)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+    _installed_once(folder, folder / "usr/bin/promtool", _download_prometheus)
     versions = [
         subprocess.run(
             [str(prometheus_binary(name)), "--version"], capture_output=True, text=True, check=True
@@ -224,16 +260,31 @@ def install_prometheus() -> str:
     return "; ".join(versions)
 
 
+def install_sequel() -> str:
+    """Sequel from Debian sid; its version (the gem's folder)."""
+    _installed_once(sequel_folder(), sequel_folder(), _download_sequel)
+    return sequel_lib().parent.name
+
+
+TARGETS = ("postgres", "prometheus", "sequel")
+
+
 def main(argv: Sequence[str]) -> int:
-    wanted = set(argv) or {"postgres", "prometheus"}
-    if unknown := wanted - {"postgres", "prometheus"}:
-        print(f"usage: python -m devtools.debian_sid [postgres] [prometheus]; not {unknown}")
+    wanted = set(argv) or set(TARGETS)
+    if unknown := wanted - set(TARGETS):
+        print(
+            f"usage: python -m devtools.debian_sid [postgres] [prometheus] [sequel]; not {unknown}"
+        )
         return 2
     try:
         if "prometheus" in wanted:
             started = time.monotonic()
             found = install_prometheus()
             print(f"{found} ({time.monotonic() - started:.0f}s), in {prometheus_folder()}")
+        if "sequel" in wanted:
+            started = time.monotonic()
+            found = install_sequel()
+            print(f"{found} ({time.monotonic() - started:.0f}s), in {sequel_folder()}")
         if "postgres" in wanted:
             for major in sorted(SID_MAJORS):
                 started = time.monotonic()

@@ -3,8 +3,10 @@ the `catalog` setting, precedence over it, and every entry named on a real serve
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,11 @@ from pg_advisory_exporter.keys.key import signed
 from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.keys.well_known_keys import ENTRIES
+from pg_advisory_exporter.keys.well_known_migrators import MIGRATORS
+
+# well_known_migrators.py's entries, every one a migration tool's; the opt-in ones last.
+MIGRATORS_NAMES = tuple(e.name for e in MIGRATORS)
+OPT_IN_MIGRATORS = ["dbos_migration", "evolve_migration", "marten_apply_changes", "lucid_migration"]
 
 # -- Each key, from the values the libraries' own sources and tests give -------------------
 
@@ -64,6 +71,10 @@ def test_the_names_are_the_contract() -> None:
         "n8n_auth_roles_sync", "n8n_trusted_key_refresh", "netbox_available_prefixes",
         "netbox_available_ips", "netbox_available_vlans", "netbox_available_asns",
         "netbox_job_schedules", "terraform_pg_backend_create",
+        # Migration tools (well_known_migrators.py).
+        "sequel_migration", "pact_broker_migration", "slonik_migrator", "pgroll_init",
+        "liquibase_sessionlock", "pgmigrate", "n8n_migration", "dbos_migration",
+        "evolve_migration", "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     # The migration tools' keys: PgAdvisoryMigrationLockStuck's, and never a leak.
     assert MIGRATION_KEYS == (
@@ -72,7 +83,9 @@ def test_the_names_are_the_contract() -> None:
         "node_pg_migrate", "kysely_migration", "graphile_migrate", "tern", "atlas_migrate",
         "pgboss_migration", "pgqueuer_upgrade", "airflow_migration", "authentik_migration",
         "unleash_migration", "langchain_pgvector_extension", "langchaingo_pgvector_collection",
-        "langchaingo_pgvector_embedding",
+        "langchaingo_pgvector_embedding", "sequel_migration", "pact_broker_migration",
+        "slonik_migrator", "pgroll_init", "liquibase_sessionlock", "pgmigrate", "n8n_migration",
+        "dbos_migration", "evolve_migration", "marten_apply_changes", "lucid_migration",
     )  # fmt: skip
     assert all(BY_NAME[name].kind == "migration" for name in MIGRATION_KEYS)
     assert [e.name for e in ENTRIES if not e.default] == [
@@ -80,7 +93,7 @@ def test_the_names_are_the_contract() -> None:
         "wolverine_leader_election", "spicedb_gc", "spicedb_revision_heartbeat",
         "n8n_auth_roles_sync", "n8n_trusted_key_refresh", "netbox_available_prefixes",
         "netbox_available_ips", "netbox_available_vlans", "netbox_available_asns",
-        "netbox_job_schedules", "terraform_pg_backend_create",
+        "netbox_job_schedules", "terraform_pg_backend_create", *OPT_IN_MIGRATORS,
     ]  # fmt: skip
     # Held on purpose by a connection that idles while the work runs elsewhere: never a leak.
     assert [e.name for e in ENTRIES if e.idle_holder] == [
@@ -178,6 +191,52 @@ def test_fixed_keys_follow_from_their_recipes() -> None:
     assert BY_NAME["electric_replication"].form == KeyConfig(
         name="_", text="electric_slot_default", hash="hashtext"
     )
+
+
+def test_the_migrators_keys_follow_their_sources() -> None:
+    """Each key of well_known_migrators.py as the tool's own code computes it (the files are
+    cited there; the lines here)."""
+    assert java_string_hash("public") == -977423767  # Java's "public".hashCode()
+    keys = {
+        # sequel extensions/migration.rb: MIGRATION_ADVISORY_LOCK_ID = 4966325471869609408
+        "sequel_migration": 4966325471869609408,
+        # sequel-pg_advisory_lock: advisory_lock_key_for(name) = Zlib.crc32(name.to_s) % 2 ** 31
+        "pact_broker_migration": zlib.crc32(b"migrate") % 2**31,
+        # @slonik/migrator dist/index.js advisoryLockId: parseInt(md5(hashable).slice(0, 8), 16)
+        "slonik_migrator": int(
+            hashlib.md5(b'@slonik/migrator advisory lock:"migration"').hexdigest()[:8], 16
+        ),
+        # pgroll pkg/state/state.go Init: const key int64 = 0x2c03057fb9525b
+        "pgroll_init": 0x2C03057FB9525B,
+        # pgmigrate sessionlock.go ID: crc32.ChecksumIEEE([]byte(IDPrefix + name)), IDPrefix
+        # "sessionlock-"; migrator.go: name fmt.Sprintf("%s-%s", "pgmigrate-", m.TableName)
+        "pgmigrate": zlib.crc32(b"sessionlock-pgmigrate--public.pgmigrate_migrations"),
+        # dbos/_sys_db_postgres.py: MIGRATION_LOCK_ID = 1234567890
+        "dbos_migration": 1234567890,
+        # Evolve PostgreSQLDatabase.cs: private const int LOCK_ID = 12345
+        "evolve_migration": 12345,
+        # Marten StoreOptions.cs: private int _applyChangesLockId = 4004
+        "marten_apply_changes": 4004,
+        # Lucid build/src/migration/runner.js acquireLock: dialect.getAdvisoryLock(1)
+        "lucid_migration": 1,
+    }
+    assert {name: BY_NAME[name].key for name in keys} == keys
+    assert keys["pact_broker_migration"] == 223143857
+    assert keys["slonik_migrator"] == 1230759186
+    assert keys["pgroll_init"] == 12388221127840347
+    assert keys["pgmigrate"] == 3175788019
+    # liquibase-sessionlock PGLockService.getChangeLogLockId: {lockTableName.hashCode(),
+    # defaultSchemaName.hashCode()}, the table's name lower-cased by Liquibase's PostgresDatabase.
+    [liquibase] = key_configs([BY_NAME["liquibase_sessionlock"]], ["orders"])
+    assert liquibase.pair == (java_string_hash("databasechangeloglock"), -977423767)
+    assert liquibase.pair == (-1497367772, -977423767)
+    # n8n db-connection.js migrateWithAdvisoryLock: withLock(1005, ..., {subKey}), subKey =
+    # createHash('sha256').update(`${schema ?? 'public'}:${entityPrefix ?? ''}`).digest()
+    # .readInt32BE(0)
+    [n8n] = key_configs([BY_NAME["n8n_migration"]], ["orders"])
+    sub_key = int.from_bytes(hashlib.sha256(b"public:").digest()[:4], "big", signed=True)
+    assert n8n.pair == (1005, sub_key) == (1005, 349025233)
+    assert {BY_NAME[name].kind for name in MIGRATORS_NAMES} == {"migration"}
 
 
 DATABASES = ["orders", "postgres", "Caf\u00e9 \u2603", "x" * 63, "plumless", "buckeroo"]
@@ -436,6 +495,17 @@ def _takers(db: str) -> list[tuple[str, str, bool]]:
             if name.startswith("netbox_")
         ),
         ("terraform_pg_backend_create", "SELECT pg_try_advisory_lock(-1)", True),
+        ("sequel_migration", "SELECT pg_try_advisory_lock(4966325471869609408) LIMIT 1", True),
+        ("pact_broker_migration", "SELECT pg_advisory_lock(223143857) LIMIT 1", True),
+        ("slonik_migrator", "select pg_advisory_lock(1230759186)", True),
+        ("pgroll_init", "SELECT pg_advisory_xact_lock(12388221127840347)", False),
+        ("liquibase_sessionlock", "SELECT pg_try_advisory_lock(-1497367772, -977423767)", True),
+        ("pgmigrate", "SELECT pg_try_advisory_lock(3175788019)", True),
+        ("n8n_migration", "SELECT pg_advisory_xact_lock(1005, 349025233)", False),
+        ("dbos_migration", "SELECT pg_try_advisory_lock(1234567890)", True),
+        ("evolve_migration", "SELECT pg_try_advisory_lock(12345)", True),
+        ("marten_apply_changes", "SELECT pg_try_advisory_lock(4004)", True),
+        # lucid_migration: PG_TRY_ADVISORY_LOCK('1'), Airflow's key, which its taker holds.
     ]
 
 
@@ -480,15 +550,18 @@ def test_every_entry_is_named_when_its_library_holds_it(
     # SpiceDB's gc lock is Airflow's migration key, 1, and Airflow's scheduler lock SpiceDB's
     # heartbeat key, 2: named as such by an exporter that chooses them.
     shared = ["spicedb_gc", "airflow_scheduler"]
-    opt_in = [e.name for e in ENTRIES if not e.default and e.name not in shared]
+    opt_in = [
+        e.name for e in ENTRIES if not e.default and e.name not in [*shared, "lucid_migration"]
+    ]
     chosen = ["rails_migration", *opt_in]
-    # Four exporters, one choice each: targets of one exporter that name one server are
+    # Five exporters, one choice each: targets of one exporter that name one server are
     # read once, with the first one's settings.
     choices: dict[str, Config] = {
         "main": {},
         "chosen": {"catalog": chosen},
         "none": {"catalog": False},
         "shared": {"catalog": shared},
+        "lucid": {"catalog": ["lucid_migration"]},
     }
     exporters = {
         name: start_exporter(
@@ -519,6 +592,9 @@ def test_every_entry_is_named_when_its_library_holds_it(
     ) == {"netbox-job-schedules"}
     named = {(name, db): 1.0 for name in shared}
     exporters["shared"].scrape_until(lambda s: _catalog_keys(s, "shared") == named)
+    # Lucid's key is Airflow's and SpiceDB's gc's: chosen alone, Lucid's names the lock.
+    lucid = {("lucid_migration", db): 1.0}
+    exporters["lucid"].scrape_until(lambda s: _catalog_keys(s, "lucid") == lucid)
     none = exporters["none"].scrape_until(lambda s: bool(s.find("pg_advisory_up", target="none")))
     assert _catalog_keys(none, "none") == {}
 

@@ -10,7 +10,7 @@ import pytest
 
 from devtools import debian_sid
 from devtools.debian import debian_mirror, mounts_under, proc_mounted
-from devtools.debian_sid import InstallError, install_postgres, prometheus_binary
+from devtools.debian_sid import InstallError, install_postgres, prometheus_binary, sequel_lib
 from devtools.embedded_postgres import (
     CACHE_VARIABLE,
     EmbeddedPostgres,
@@ -69,6 +69,14 @@ def test_a_19_not_installed_names_the_command_that_installs_it(not_root: None) -
         find_server_binaries(19)
     with pytest.raises(InstallError, match=r"python -m devtools\.debian_sid prometheus"):
         prometheus_binary("promtool")
+    with pytest.raises(InstallError, match=r"python -m devtools\.debian_sid sequel"):
+        sequel_lib()
+
+
+def test_sequel_is_found_by_its_gems_folder(not_root: None, tmp_path: Path) -> None:
+    gems = tmp_path / "cache" / "ruby-sequel" / "usr/share/rubygems-integration/all/gems"
+    (gems / "sequel-5.109.0" / "lib").mkdir(parents=True)
+    assert sequel_lib() == gems / "sequel-5.109.0" / "lib"
 
 
 def test_a_server_in_the_sid_root_needs_root(not_root: None, tmp_path: Path) -> None:

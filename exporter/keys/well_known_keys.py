@@ -20,6 +20,7 @@ from .catalog_entry import (
     java_string_hash,
 )
 from .key_config import KeyConfig, Level
+from .well_known_migrators import MIGRATORS
 from .well_known_queues import QUEUES
 
 # Flyway: "Flyway" in ASCII, one byte per position from bit 40 down.
@@ -415,4 +416,5 @@ ENTRIES: tuple[CatalogEntry, ...] = (
         default=False,
     ),
     *QUEUES,
+    *MIGRATORS,
 )
