@@ -353,8 +353,10 @@ def pg() -> Iterator[EmbeddedPostgres]:
         # application, and lock waits past deadlock_timeout: tests read it as a server_log.
         # pg_stat_statements as most servers have it: the exporter reads it for risky
         # statements (tests/test_hygiene.py has a server of its own to change).
+        # Room for a session per well-known entry (tests/test_catalog.py holds every one at
+        # once, 62) beside the exporters and the other tests' sessions.
         server.start(
-            max_connections=60,
+            max_connections=120,
             deadlock_timeout="200ms",
             log_lock_waits="on",
             log_line_prefix=SUITE_LOG_PREFIX,

@@ -682,3 +682,13 @@ def test_the_docs_table_is_the_catalog() -> None:
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     expected = [_readme_row(entry.describe()) for entry in ENTRIES]
     assert rows[: len(expected)] == expected, "\n".join(expected)
+
+
+def test_the_readme_names_every_project_of_the_catalog() -> None:
+    """The README's question "Which tool holds a key?" lists the catalog's projects, each
+    once, in the catalog's order: no more, no fewer."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| Which tool holds a key?")]
+    listed = row.split("):", 1)[1].split(" | ", 1)[0].strip().split(", ")
+    assert listed == list(dict.fromkeys(entry.project for entry in ENTRIES))
+    assert len(listed) >= 38  # twice the 19 projects named before issue 40

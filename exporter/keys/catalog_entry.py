@@ -76,6 +76,13 @@ class CatalogEntry:
     # Its holder sits idle on purpose while the work runs on other connections (besides a
     # migration's, which may): never a leaked lock.
     idle_holder: bool = False
+    # The project as the README lists it, where `library` says more than its name (by
+    # default the library's words before " (").
+    project_name: str = ""
+
+    @property
+    def project(self) -> str:
+        return self.project_name or self.library.split(" (")[0]
 
     def describe(self) -> dict[str, str]:
         """The entry as the table of docs/configuration.md shows it."""

@@ -76,6 +76,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="sqlx_migration",
         library="SQLx migrations (Rust)",
+        project_name="SQLx",
         versions=">= 0.4",
         key_text="1026731422 * crc32(database)",
         level="session (pg_advisory_lock)",
@@ -126,6 +127,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="grafana_migration",
         library="Grafana's database migrations (also golang-migrate <= 4.0)",
+        project_name="Grafana",
         versions="Grafana with migration_locking (the default)",
         key_text="crc32(database) * 1486364155 mod 2^32",
         level="session (pg_try_advisory_lock)",
@@ -168,6 +170,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="goose",
         library="goose, with its session locker",
+        project_name="goose",
         versions=">= 3.26",
         key_text='4097083626 (crc32 of "goose")',
         level="session (pg_try_advisory_lock, retried)",
@@ -180,6 +183,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="goose_legacy",
         library="goose, with its session locker",
+        project_name="goose",
         versions="3.15.1 - 3.25",
         key_text='5887940537704921958 (crc64 ECMA of "goose")',
         level="session (pg_try_advisory_lock, retried)",
@@ -229,6 +233,7 @@ ENTRIES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="kysely_migration",
         library="Kysely's Migrator",
+        project_name="Kysely",
         versions=">= 0.7.8",
         key_text="3853314791062309107",
         level="session (pg_advisory_lock) in 0.28.18-0.28.19 and from 0.29.3; transaction "

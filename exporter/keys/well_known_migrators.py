@@ -44,6 +44,7 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="sequel_migration",
         library="Sequel's Migrator (Ruby), with use_advisory_lock",
+        project_name="Sequel",
         versions=">= 5.78",
         key_text="4966325471869609408",
         level="session (pg_try_advisory_lock)",
@@ -106,6 +107,7 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="liquibase_sessionlock",
         library="Liquibase with liquibase-sessionlock (databasechangeloglock, public)",
+        project_name="Liquibase",
         versions="1.6 (read)",
         key_text='(hashCode("databasechangeloglock"), hashCode("public")) = '
         "(-1497367772, -977423767)",
@@ -156,6 +158,7 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="dbos_migration",
         library="DBOS Transact (Python; its system database's migrations)",
+        project_name="DBOS",
         versions=">= 2.14",
         key_text="1234567890",
         level="session (pg_try_advisory_lock, retried for 30 s; pg_advisory_lock in 2.14), "
@@ -203,6 +206,7 @@ MIGRATORS: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="lucid_migration",
         library="AdonisJS Lucid migrations",
+        project_name="AdonisJS Lucid",
         versions="21.8 (read)",
         key_text="1",
         level="session (pg_try_advisory_lock)",

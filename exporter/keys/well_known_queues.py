@@ -54,6 +54,7 @@ QUEUES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="electric_replication",
         library="ElectricSQL sync service (owner of its replication slot)",
+        project_name="ElectricSQL",
         versions="main, as read in 2026; slot electric_slot_default",
         key_text="hashtext('electric_slot_default')",
         level="session (pg_advisory_lock), for the service's lifetime",
@@ -88,6 +89,7 @@ QUEUES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="langchain_pgvector_extension",
         library="LangChain PGVector (CREATE EXTENSION vector; Python, JS and Go)",
+        project_name="LangChain",
         versions="langchain-postgres 0.0.19; langchain_community, LangChain.js, langchaingo",
         key_text="1573678846307946496",
         level="transaction (pg_advisory_xact_lock)",
@@ -103,6 +105,7 @@ QUEUES: tuple[CatalogEntry, ...] = (
         CatalogEntry(
             name=f"langchaingo_pgvector_{table}",
             library=f"langchaingo PGVector (CREATE TABLE of its {table}s)",
+            project_name="langchaingo",
             versions="main, as read in 2026",
             key_text=str(key),
             level="transaction (pg_advisory_xact_lock)",
@@ -124,6 +127,7 @@ QUEUES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="airflow_scheduler",
         library="Apache Airflow scheduler (its critical section)",
+        project_name="Apache Airflow",
         versions="2.x, 3.x",
         key_text="2",
         level="transaction (pg_try_advisory_xact_lock)",
@@ -140,6 +144,7 @@ QUEUES: tuple[CatalogEntry, ...] = (
     CatalogEntry(
         name="marten_async_daemon",
         library="Marten async projection daemon (.NET; its leader)",
+        project_name="Marten",
         versions="4.x - 8.x, DaemonLockId not configured",
         key_text="4444",
         level="session (pg_try_advisory_lock), for as long as it leads",
