@@ -608,6 +608,13 @@ def test_a_job_queue_idle_by_design_never_pages_as_a_leak_and_pages_past_its_bou
         firing = _past_the_leak_threshold_then_past_its_bound(prometheus, webhook, "que_locker")
         held = prometheus_query(prometheus, "pg_advisory_locks")
         assert {(s["metric"]["application_name"], s["value"][1]) for s in held} == {(locker, "2")}
+        # /locks names the entry the locker answers to, as the series judge it.
+        status, body = exporter.get("/locks?target=orders&format=json")
+        assert status == 200, body
+        holders = [h for h in json.loads(body)["holders"] if h["application_name"] == locker]
+        assert [(h["idle_by_design"], h["leak_suspect"]) for h in holders] == [
+            ("que_locker", False)
+        ]
     labels = firing["labels"]
     assert (labels["application_name"], labels["datname"], labels["idle_by_design"]) == (
         locker,

@@ -510,3 +510,18 @@ def test_names_as_the_series_give_them_leaks_marked_and_ending_offered_to_holder
     assert "To end it" not in waiters_table
     holders_table = html.split("<h2>Holders", 1)[1].split("<h2>", 1)[0]
     assert holders_table.count("pg_terminate_backend") == 4
+
+
+def test_an_application_idle_by_design_is_no_likely_leak_while_idle_only() -> None:
+    """Idle past the leak threshold, a holder its entry idle by design names is judged by that
+    entry's max_hold, not marked as leaked; idle inside a transaction it still is."""
+    queue = replace(
+        forensic_backend(1, _lock(1), state_seconds=16 * 60.0), idle_by_design="que_locker"
+    )
+    stuck = replace(queue, pid=2, locks=(_lock(2),), state="idle in transaction")
+    page = page_json(_read(queue, stuck), 1.0)
+    holders = {h["pid"]: (h["idle_by_design"], h["leak_suspect"]) for h in page["holders"]}
+    assert holders == {1: ("que_locker", False), 2: ("que_locker", True)}
+    html = page_html(_read(queue, stuck), 1.0)
+    assert html.count('<span class="note">idle by design</span> que_locker') == 1
+    assert html.count("likely leaked") == 1

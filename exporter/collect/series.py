@@ -7,7 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pg_advisory_exporter.keys.appnames import RewriteRule, fold, rewrite
-from pg_advisory_exporter.keys.idle_by_design import NOT_IDLE_BY_DESIGN, IdleByDesign
+from pg_advisory_exporter.keys.idle_by_design import (
+    BY_DESIGN_STATE,
+    NOT_IDLE_BY_DESIGN,
+    IdleByDesign,
+)
 from pg_advisory_exporter.keys.registry import NO_KEYS, Registry
 from pg_advisory_exporter.metrics import Sample
 
@@ -65,12 +69,6 @@ def target_series(
             Sample("pg_advisory_exporter_folded_application_names", name, folded_application_names)
         )
     return samples
-
-
-# The one state an application idle by design is judged in by its own bound: idle outside any
-# transaction. Idle inside one is a leak's signal whoever holds the lock: it holds back
-# vacuum, and the locks go with a transaction nobody is ending.
-BY_DESIGN_STATE = "idle"
 
 
 @dataclass

@@ -11,8 +11,6 @@ from urllib.parse import quote
 from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.endpoints import LOCKS_PATH
-from pg_advisory_exporter.keys.catalog import selected_idle_by_design
-from pg_advisory_exporter.keys.idle_by_design import IdleByDesign
 from pg_advisory_exporter.metrics import Sample, locks_page_info
 from pg_advisory_exporter.serverlog.counting import ServerLog
 
@@ -73,9 +71,6 @@ class Target:
             ]
         )
         self._rules = self.settings.rewrite_rules
-        self._idle_by_design = IdleByDesign.of(
-            self.settings.idle_by_design, selected_idle_by_design(config.catalog)
-        )
         # The server's own log, where the target names it: read on a thread of its own.
         self._server_log = (
             None
@@ -157,7 +152,7 @@ class Target:
                 poolers=collection.poolers,
                 database=self.database,
                 server_wide=server_wide,
-                idle_by_design=self._idle_by_design,
+                idle_by_design=self.config.idle_by_design,
             )
             server, folded = mapped.samples, mapped.folded_application_names
             server += statements_samples(

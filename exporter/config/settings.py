@@ -6,6 +6,7 @@ the whole exporter's."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -30,7 +31,8 @@ from pg_advisory_exporter.config.targets import (
 from pg_advisory_exporter.fleet.discovery import AllowList, TargetAddress, parse_allowed
 from pg_advisory_exporter.fleet.resolver import IpAddress
 from pg_advisory_exporter.fleet.sharding import Shard
-from pg_advisory_exporter.keys.catalog import CatalogChoice
+from pg_advisory_exporter.keys.catalog import CatalogChoice, selected_idle_by_design
+from pg_advisory_exporter.keys.idle_by_design import IdleByDesign
 from pg_advisory_exporter.keys.key_config import KeyConfig
 from pg_advisory_exporter.validation import Strict, step
 
@@ -113,6 +115,14 @@ class TargetSettings(Strict):
     poolers: tuple[PoolerConfig, ...] = ()
     locks_page: LocksPageSettings = LocksPageSettings()
     server_log: ServerLogSettings | None = None  # None: the server's log is not read
+
+    @functools.cached_property
+    def idle_by_design(self) -> IdleByDesign:
+        """The applications idle by design in effect: the target's configured entries, then
+        the catalog's it keeps (for the series, /locks and check alike)."""
+        return IdleByDesign.of(
+            self.collection.idle_by_design, selected_idle_by_design(self.catalog)
+        )
 
     def conninfo(self) -> str:
         """The DSN with the password from password_file, read now so that rotation works."""

@@ -10,6 +10,7 @@ from pg_advisory_exporter.collect import vocabulary
 from pg_advisory_exporter.collect.pg_stat_statements import StatementsRead
 from pg_advisory_exporter.collect.poolers import PooledBackend, PoolerView
 from pg_advisory_exporter.hygiene.callers import Caller
+from pg_advisory_exporter.keys.idle_by_design import BY_DESIGN_STATE
 from pg_advisory_exporter.keys.key import AdvisoryKey
 
 # When an idle holder is marked as the leak alert's (PgAdvisoryLockLeaked's default threshold):
@@ -65,6 +66,9 @@ class Backend:
     held_at_least: bool = False
     # The name the series give it (the target's rewrites applied); "" where none was made.
     rewritten_name: str = ""
+    # The entry idle by design that names its application (keys/idle_by_design.py); "" for
+    # none: its idle holds are judged by that entry's max_hold, not as a leak.
+    idle_by_design: str = ""
 
     @property
     def series_name(self) -> str:
@@ -75,8 +79,10 @@ class Backend:
     def leak_suspect(self) -> bool:
         """Idle (or idle in a transaction) holding locks longer than PgAdvisoryLockLeaked's
         default threshold, and not all of them long-lived keys' (a leader's, a migration's):
-        the holder the leak alert would be about."""
+        the holder the leak alert would be about (an application idle by design, idle, is not)."""
         if self.state_seconds is None or self.state_seconds < LEAK_AFTER or not self.held:
+            return False
+        if self.idle_by_design and self.state_word == BY_DESIGN_STATE:
             return False
         exempt = not self.held_left_out and all(lock.long_lived for lock in self.held)
         return self.state_word in vocabulary.IDLE_STATES and not exempt

@@ -212,6 +212,8 @@ def _state(backend: Backend) -> str:
         lines.append(
             f'<span class="warn leak">likely leaked: idle over {_e(format_age(LEAK_AFTER))}</span>'
         )
+    elif backend.idle_by_design:
+        lines.append(f'<span class="note">idle by design</span> {_e(backend.idle_by_design)}')
     return "".join(f'<span class="line">{line}</span>' for line in lines)
 
 

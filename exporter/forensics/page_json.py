@@ -103,6 +103,7 @@ def _holder(backend: Backend, query_text: bool) -> dict[str, Any]:
         "held_seconds": backend.held_seconds,
         "held_at_least": backend.held_at_least,
         "leak_suspect": backend.leak_suspect,
+        "idle_by_design": backend.idle_by_design or None,
         "locks": [_lock(lock) for lock in backend.held],
         "locks_left_out": backend.held_left_out,
         "key_groups": [{"group": g, "locks": n} for g, n in held_per_group(backend)],

@@ -23,6 +23,7 @@ from pg_advisory_exporter.config.settings import TargetSettings
 from pg_advisory_exporter.config.targets import LocksPageSettings
 from pg_advisory_exporter.hygiene.callers import caller_of
 from pg_advisory_exporter.keys.appnames import RewriteRule, rewrite
+from pg_advisory_exporter.keys.idle_by_design import NOT_IDLE_BY_DESIGN, IdleByDesign
 from pg_advisory_exporter.keys.key import AdvisoryKey
 from pg_advisory_exporter.keys.key_config import Level
 from pg_advisory_exporter.keys.packed_names import distributed_lock_name
@@ -209,11 +210,12 @@ def backend_from_row(
     rules: Sequence[RewriteRule] = (),
     *,
     databases: Databases = NO_DATABASES,
+    idle_by_design: IdleByDesign = NOT_IDLE_BY_DESIGN,
 ) -> Backend:
-    """One backend of the read, its database named from the server's list (`databases`),
-    its holds bounded by what the collections before saw
-    (`holds`: the server's last collection's) and by this read's own timestamps, and its
-    application_name as the series give it (the target's `rules`)."""
+    """One backend of the read, its database named from the server's list (`databases`), its
+    holds bounded by what the collections before saw (`holds`: the server's last collection's)
+    and by this read's own timestamps; its application_name as the series give it (the
+    target's `rules`) and the entry idle by design that names it, as the series judge it."""
     datname = databases.name(row["datid"])
     state_seconds = None if row["state_seconds"] is None else max(row["state_seconds"], 0.0)
     outside = bool(row["outside_transaction"])
@@ -240,6 +242,7 @@ def backend_from_row(
         datname=datname,
         application_name=application_name,
         rewritten_name=rewrite(application_name, rules),
+        idle_by_design=_by_design(idle_by_design, application_name, bool(row["locks"])),
         client_addr=row["client_addr"],
         client_port=row["client_port"],
         backend_start=row["backend_start"],
@@ -261,6 +264,11 @@ def backend_from_row(
     )
 
 
+def _by_design(idle_by_design: IdleByDesign, application_name: str, locks: bool) -> str:
+    entry = idle_by_design.match(application_name) if locks else None
+    return "" if entry is None else entry.name
+
+
 def build(
     target: str,
     rows: Sequence[Mapping[str, Any]],
@@ -271,11 +279,14 @@ def build(
     query_text: bool = False,
     holds: Holds = NO_HOLDS,
     rules: Sequence[RewriteRule] = (),
+    idle_by_design: IdleByDesign = NOT_IDLE_BY_DESIGN,
 ) -> Forensics:
     """Map the statement's rows (backends_total and table_holders are on each: the same; a
     row without a pid stands for no backend holding or awaiting an advisory lock)."""
     backends = [
-        backend_from_row(row, registry, poolers, holds, rules, databases=databases)
+        backend_from_row(
+            row, registry, poolers, holds, rules, databases=databases, idle_by_design=idle_by_design
+        )
         for row in rows
         if row["pid"] is not None
     ]
@@ -371,4 +382,5 @@ def _built(
         query_text=target.locks_page.query_text,
         holds=holds,
         rules=target.collection.rewrite_rules,
+        idle_by_design=target.idle_by_design,
     )

@@ -91,7 +91,7 @@ def _holders(forensics: Forensics, out: TextIO) -> None:
                     str(b.pid),
                     b.datname,
                     _application(b),
-                    b.state_word + (" LEAKED?" if b.leak_suspect else ""),
+                    b.state_word + words.judged(b),
                     format_age(b.state_seconds),
                     format_held(b.held_seconds, b.held_at_least),
                     *words.first_key(b),

@@ -42,6 +42,14 @@ def set_as(backend: Backend) -> str | None:
     return None if backend.series_name == backend.application_name else backend.application_name
 
 
+def judged(backend: Backend) -> str:
+    """What a holder's state says of it in `check`'s table: a likely leak, or an application
+    idle by design (its entry named), or nothing."""
+    if backend.leak_suspect:
+        return " LEAKED?"
+    return f" (by design: {backend.idle_by_design})" if backend.idle_by_design else ""
+
+
 def first_key(backend: Backend) -> tuple[str, str]:
     """The first key it holds, with how many more, and that key's name."""
     held = backend.held

@@ -116,3 +116,8 @@ class IdleByDesign:
 
 
 NOT_IDLE_BY_DESIGN = IdleByDesign()
+
+# The one state an application idle by design is judged in by its own bound: idle outside any
+# transaction. Idle inside one is a leak's signal whoever holds the lock: it holds back
+# vacuum, and the locks go with a transaction nobody is ending.
+BY_DESIGN_STATE = "idle"
