@@ -1,5 +1,6 @@
-"""The configured targets arranged on servers: which targets share a connection, kept across
-reloads where nothing changed.
+"""Targets arranged on servers: the configured ones (which share a connection, kept across
+reloads where nothing changed), and the targets probes name through an auth module (their
+rank; http/discovered.py keeps them, one server per module, checked address and port).
 
 Targets that connect the same way (one DSN, one password file) share one server and its one
 connection. Targets that connect to one address in other ways (another role, another
@@ -84,3 +85,12 @@ def _kept_server(
 ) -> Server:
     found = old.get(way)
     return found if found is not None and found.config == config else make_server(config)
+
+
+def probed_target(name: str, server: Server, database: str | None, made: int) -> Target:
+    """A probe's target on its auth module's server: a whole server's (`database` None) ranked
+    before any database's, each in the order made (`made`), so that the first whole-server
+    probe answers for the server (directory.py)."""
+    whole = 0 if database is None else 1
+    config = server.config.model_copy(update={"name": name})
+    return Target(config, server=server, database=database, rank=(whole, made))

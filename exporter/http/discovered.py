@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from pg_advisory_exporter.collect.arrangement import probed_target
 from pg_advisory_exporter.collect.directory import Directory
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
 from pg_advisory_exporter.collect.server import Server
@@ -233,13 +234,7 @@ class DiscoveredTargets:
         return target
 
     def _new_target(self, address: TargetAddress, server: Server) -> Target:
-        whole = 0 if address.dbname is None else 1  # a whole-server target first
-        return Target(
-            server.config.model_copy(update={"name": address.name}),
-            server=server,
-            database=address.dbname,
-            rank=(whole, next(self._made)),
-        )
+        return probed_target(address.name, server, address.dbname, next(self._made))
 
     def _no_database(self, address: TargetAddress) -> ProbeRefused:
         return self._refuse(
