@@ -296,8 +296,19 @@ def test_an_exporter_started_at_full_says_full_and_check_says_why(
 def test_a_kept_connection_lost_at_full_says_full(
     small: EmbeddedPostgres, start_exporter: StartExporter
 ) -> None:
-    exporter = start_exporter(config=_config(small))
-    exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="main") == 1)
+    """The first target's connection ended at full: it says full, once; a second target that
+    connects another way (another database) and reads the server through the first goes on
+    doing so, so the full table is not paged twice."""
+    config = _config(small)
+    config["targets"].append({"name": "second", "dsn": _monitor_dsn(small, SHOP)})
+    exporter = start_exporter(config=config)
+    exporter.scrape_until(
+        lambda s: (
+            s.value("pg_advisory_up", target="main") == 1
+            and s.value("pg_advisory_up", target="second") == 1
+            and "the same server as another target" in exporter.log()
+        )
+    )
     with small.connect() as admin:
         [(backend,)] = admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name = 'pg-advisory-exporter'"
@@ -313,6 +324,13 @@ def test_a_kept_connection_lost_at_full_says_full(
         )
         assert scrape.value("pg_advisory_lock_table_full", target="main") == 1
         assert "the server's lock table is full" in exporter.log()
+        errors = "pg_advisory_exporter_collect_errors_total"
+        for _ in range(3):  # failed collections after it: the second never says full itself
+            assert scrape.find("pg_advisory_lock_table_full", target="second") == []
+            seen = scrape.value(errors, target="main")
+            scrape = exporter.scrape_until(
+                lambda s, seen=seen: s.value(errors, target="main") > seen
+            )
     exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="main") == 1)
 
 

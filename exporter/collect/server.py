@@ -314,7 +314,11 @@ class Server:
                 raise self._read_through() from None
             if self._connection_lost(expired):
                 self._connection.drop()
-                self._directory.forget(self)
+                if not full:
+                    # A refusal for the full table says nothing of which server the address
+                    # reaches: the servers reading through this one go on doing so, and the
+                    # full table pages once, here.
+                    self._directory.forget(self)
             if full:
                 # The read on a kept connection takes no lock-table entry (snapshot.py); one
                 # refused is a new connection's, or a session whose caches had to read a
