@@ -11,10 +11,11 @@ from datetime import UTC, datetime
 import pytest
 from support import Clock
 
+from pg_advisory_exporter.collect.collection import ReadThrough
 from pg_advisory_exporter.collect.connection import ServerIdentity
 from pg_advisory_exporter.collect.directory import SAME_SERVER_RECHECK, Directory
 from pg_advisory_exporter.collect.scheduling import CollectionPool, Watchdog
-from pg_advisory_exporter.collect.server import Server, _ReadThrough
+from pg_advisory_exporter.collect.server import Server
 from pg_advisory_exporter.collect.target import Target
 from pg_advisory_exporter.config.collection import CollectionSettings
 from pg_advisory_exporter.config.settings import TargetSettings
@@ -85,7 +86,7 @@ def test_a_second_address_reads_through_the_first_until_the_recheck(parts: Parts
     directory: Directory[Server] = Directory(clock)
     (node, on_node), (vip, on_vip) = _made(parts, directory, clock, "orders", "primary")
     node._claim(PRIMARY)
-    with pytest.raises(_ReadThrough) as through:
+    with pytest.raises(ReadThrough) as through:
         vip._claim(ServerIdentity(PRIMARY.started, PRIMARY.system_identifier))
     assert through.value.collection.error == "the same server as orders, not read yet"
     assert through.value.collection.answering is on_node
@@ -97,7 +98,7 @@ def test_a_second_address_reads_through_the_first_until_the_recheck(parts: Parts
     assert directory.answering(node, None) is on_node
     assert directory.answering(vip, None) is on_vip
     # A reader that is closed (a reload removed it) leaves the other to read on its own.
-    with pytest.raises(_ReadThrough):
+    with pytest.raises(ReadThrough):
         vip._claim(ServerIdentity(PRIMARY.started, PRIMARY.system_identifier))
     assert vip.reading_server() is node
     node.close()
@@ -135,7 +136,7 @@ def test_a_recheck_refused_for_the_full_table_reads_through_the_first_again(
     (node, _), (vip, _) = _made(parts, directory, clock, "orders", "primary")
     assert not directory.renew(vip)  # it never connected
     node._claim(PRIMARY)
-    with pytest.raises(_ReadThrough):
+    with pytest.raises(ReadThrough):
         vip._claim(ServerIdentity(PRIMARY.started, PRIMARY.system_identifier))
     assert not directory.renew(node)  # the first reads on its own
     clock.now += SAME_SERVER_RECHECK

@@ -180,6 +180,11 @@ def _ok(scrape: Scrape, at: float) -> bool:
     )
 
 
+def _more_errors(scrape: Scrape, seen: float) -> bool:
+    """More failed collections of the first target than `seen`."""
+    return scrape.value("pg_advisory_exporter_collect_errors_total", target="main") > seen
+
+
 def _locks(exporter: RunningExporter) -> dict[str, Any]:
     status, body = exporter.get("/locks?target=main&format=json")
     assert status == 200, body
@@ -328,9 +333,7 @@ def test_a_kept_connection_lost_at_full_says_full(
         for _ in range(3):  # failed collections after it: the second never says full itself
             assert scrape.find("pg_advisory_lock_table_full", target="second") == []
             seen = scrape.value(errors, target="main")
-            scrape = exporter.scrape_until(
-                lambda s, seen=seen: s.value(errors, target="main") > seen
-            )
+            scrape = exporter.scrape_until(functools.partial(_more_errors, seen=seen))
     exporter.scrape_until(lambda s: s.value("pg_advisory_up", target="main") == 1)
 
 

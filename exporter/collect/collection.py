@@ -55,3 +55,12 @@ class Reading:
     conn: psycopg.Connection[Any]
     registry: Registry
     databases: Databases
+
+
+class ReadThrough(Exception):
+    """A server found to be another one under a second address (server.py): its answer is
+    that one's collection."""
+
+    def __init__(self, collection: Collection) -> None:
+        super().__init__()
+        self.collection = collection

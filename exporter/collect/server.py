@@ -19,7 +19,7 @@ from pg_advisory_exporter.keys.registry import Registry
 from pg_advisory_exporter.sharing import Shared, Turn
 
 from .capacity import FULL_TABLE_REFUSAL, refused_for_full_table
-from .collection import Collection, Reading
+from .collection import Collection, Reading, ReadThrough
 from .connection import ServerConnection, ServerIdentity, Unanswered
 from .directory import Directory, View
 from .holds import HoldTracker
@@ -216,7 +216,7 @@ class Server:
                 self._connection.use(),
             ):
                 collection = self._read(started, expired)
-        except _ReadThrough as through:  # another server's collection, as it is
+        except ReadThrough as through:  # another server's collection, as it is
             return through.collection
         except Exception:  # never let one server's bug take the exporter down
             log.exception("collection failed unexpectedly", extra={"target": self.name})
@@ -284,7 +284,7 @@ class Server:
         )
 
     def _read(self, started: float, expired: threading.Event) -> Collection:
-        """This server's collection (_ReadThrough: another's, which reads it)."""
+        """This server's collection (ReadThrough: another's, which reads it)."""
         reused = self._connection.is_open()
         try:
             try:
@@ -306,27 +306,7 @@ class Server:
             self._directory.forget(self)  # it reaches no server: another may read that one
             return self._failed(started, str(exc))
         except psycopg.Error as exc:
-            full = refused_for_full_table(exc)
-            if full and not reused and self._directory.renew(self):
-                # Its recheck of a server another reads: the one read goes on through that
-                # one, and the full table pages once, there.
-                self._connection.drop()
-                raise self._read_through() from None
-            if self._connection_lost(expired):
-                self._connection.drop()
-                if not full:
-                    # A refusal for the full table says nothing of which server the address
-                    # reaches: the servers reading through this one go on doing so, and the
-                    # full table pages once, here.
-                    self._directory.forget(self)
-            if full:
-                # The read on a kept connection takes no lock-table entry (snapshot.py); one
-                # refused is a new connection's, or a session whose caches had to read a
-                # shared catalog again: the full table, not the exporter, is the news.
-                self._room = False
-                error = FULL_TABLE_REFUSAL + self._connection.redact(str(exc).strip())
-                return self._failed(started, error, refused_for_full_table=True)
-            return self._failed(started, self._describe(exc, expired))
+            return self._refused(exc, started, expired, reused)
         self._check_privilege(snapshot)
         holds = self._holds.update(snapshot, self._connection.registry)
         poolers = self._poolers.read_after_server(
@@ -345,6 +325,28 @@ class Server:
             holds=holds,
             answering=self._answering(snapshot.databases),
         )
+
+    def _refused(
+        self, exc: psycopg.Error, started: float, expired: threading.Event, reused: bool
+    ) -> Collection:
+        """The server's error as the collection's (ReadThrough where a recheck that the full
+        table refused goes on reading through the server first in rank)."""
+        full = refused_for_full_table(exc)
+        if full and not reused and self._directory.renew(self):
+            self._connection.drop()  # the full table pages once, on that one
+            raise self._read_through() from None
+        if self._connection_lost(expired):
+            self._connection.drop()
+            if not full:  # a full table's refusal says nothing of which server this is
+                self._directory.forget(self)
+        if not full:
+            return self._failed(started, self._describe(exc, expired))
+        # The read on a kept connection takes no lock-table entry (snapshot.py); one refused
+        # is a new connection's, or a session whose caches had to read a shared catalog
+        # again: the full table, not the exporter, is the news.
+        self._room = False
+        error = FULL_TABLE_REFUSAL + self._connection.redact(str(exc).strip())
+        return self._failed(started, error, refused_for_full_table=True)
 
     def _snapshot(self) -> ServerSnapshot:
         if self.reading_server() is not self:
@@ -369,7 +371,7 @@ class Server:
     def _claim(self, identity: ServerIdentity | None) -> None:
         """At each new connection: tell the directory which running server it reached; if a
         server first in rank reads that one, close it and read through that one (raises
-        _ReadThrough)."""
+        ReadThrough)."""
         # `is`, not ==: each new connection makes a new identity, so that a reconnect claims
         # again (and a server reading through another checks again after SAME_SERVER_RECHECK).
         if identity is None or identity is self._claimed:
@@ -379,7 +381,7 @@ class Server:
             self._connection.drop()
             raise self._read_through()
 
-    def _read_through(self) -> _ReadThrough:
+    def _read_through(self) -> ReadThrough:
         """Its answer while another server reads the one it reaches: that one's last
         collection. Said once each time it comes to read through another."""
         reader = self.reading_server()
@@ -390,11 +392,11 @@ class Server:
             )
         last = reader.last()
         if last is not None:
-            return _ReadThrough(last)
+            return ReadThrough(last)
         now = self._clock()
         error = f"the same server as {reader.name}, not read yet"
         answering = self._directory.answering(reader, None)
-        return _ReadThrough(Collection(now, 0.0, error=error, answering=answering))
+        return ReadThrough(Collection(now, 0.0, error=error, answering=answering))
 
     def _answering(self, databases: frozenset[str] | None) -> View | None:
         """The target that answers for the server, logged when it changes."""
@@ -443,11 +445,3 @@ class Server:
                 + grant_read_all_stats(role),
                 extra={"target": self.name, "role": role},
             )
-
-
-class _ReadThrough(Exception):
-    """This server is another one under a second address: answer with that one's collection."""
-
-    def __init__(self, collection: Collection) -> None:
-        super().__init__()
-        self.collection = collection
